@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Packs built executables and modules, plus the shared libraries they need that
+# the GPU machine lacks (gRPC, protobuf, abseil, prometheus-cpp, ...), into
+# .bundle/ so the device tool can carry it (`carry: [".bundle"]`) and run it
+# with LD_LIBRARY_PATH=.bundle/lib:/usr/local/cuda/lib64. System libraries,
+# the C++ runtime and CUDA's own (cudart, cuBLAS) are left to that machine.
+#
+# usage: scripts/device_bundle.sh FILE... (executables or .so files; scripts copied as they are)
+set -euo pipefail
+out=.bundle
+rm -rf "$out"; mkdir -p "$out/bin" "$out/lib"
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libgcc_s|libstdc\+\+|libcublas|libcudart|libcuda\.so)'
+for f in "$@"; do
+  cp -L "$f" "$out/bin/"
+  if file -L "$f" | grep -q ELF; then
+    ldd "$f" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+      [[ "$name" =~ $skip ]] && continue
+      cp -Ln "$path" "$out/lib/" 2>/dev/null || true
+    done
+  fi
+done
+du -sh "$out" | awk '{print "bundle: " $1}'

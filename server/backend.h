@@ -1,0 +1,72 @@
+// The seam between the RPC layer and compute. The service validates a request,
+// turns it into an OpCall (host views of inline inputs and of the output's
+// destination) and submits it; a backend runs it and calls `done` exactly once,
+// from one of its own threads. Submit never blocks on compute.
+//
+// Backends: CpuBackend (server/cpu_backend.cc, always built in) and the CUDA
+// backend, a module loaded with dlopen (server/backend_loader.h says why).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/dtype.h"
+
+namespace fusebox {
+
+enum class Op { kGelu, kSoftmax, kRowSum, kMatmulRelu };
+const char* OpName(Op op);
+
+enum class MatmulImpl { kDefault = 0, kCublasLt = 1, kTiled = 2 };
+
+// One op on validated, host-resident inputs. The caller keeps every buffer
+// alive until `done` runs. Output dtype is `dtype`, except RowSum's (float32).
+struct OpCall {
+  Op op = Op::kGelu;
+  DType dtype = DType::kFloat32;
+  // Gelu: n = rows * cols (any shape flattened; rows = 1).
+  // Softmax / RowSum: rows x cols, the last axis is cols.
+  // MatmulRelu: m x k times k x n, inputs[2] is the optional bias [n].
+  int64_t rows = 0, cols = 0;
+  int64_t m = 0, n = 0, k = 0;
+  const void* inputs[3] = {nullptr, nullptr, nullptr};
+  void* output = nullptr;
+  size_t output_bytes = 0;
+  bool allow_tf32 = false;
+  MatmulImpl matmul_impl = MatmulImpl::kDefault;
+};
+
+// Where one call's time went, in microseconds (see fusebox.v1.Timing).
+struct OpTiming {
+  double queue_us = 0, copy_in_us = 0, kernel_us = 0, copy_out_us = 0, total_us = 0;
+  int stream = -1;
+};
+
+using OpDone = std::function<void(absl::Status, const OpTiming&)>;
+
+// A snapshot for gauges, cheap enough to take on every metrics scrape.
+struct BackendStats {
+  int64_t queued = 0;               // accepted, waiting for a stream / worker
+  int64_t busy = 0;                 // streams / workers running a call now
+  int64_t workers = 0;              // size of the pool
+  int64_t device_memory_used = 0;   // bytes; 0 on the CPU backend
+  int64_t device_memory_total = 0;  // bytes; 0 on the CPU backend
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;    // "cpu" or "cuda"
+  virtual std::string device() const = 0;  // e.g. "cuda:0 NVIDIA H200"
+  // Queues the call. When the queue is full `done` gets RESOURCE_EXHAUSTED
+  // at once. `enqueued_ns` (steady clock) is when the request arrived.
+  virtual void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) = 0;
+  virtual BackendStats stats() const = 0;
+  // Stops taking calls, finishes the queued ones, joins threads. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace fusebox

@@ -1,0 +1,62 @@
+// WorkQueue: see work_queue.h.
+#include "server/work_queue.h"
+
+#include <utility>
+
+namespace fusebox {
+
+WorkQueue::WorkQueue(int workers, size_t capacity) : capacity_(capacity) {
+  threads_.reserve(workers);
+  for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { Run(i); });
+}
+
+WorkQueue::~WorkQueue() { Shutdown(); }
+
+bool WorkQueue::TryPush(Job job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || jobs_.size() >= capacity_) return false;
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void WorkQueue::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+size_t WorkQueue::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return jobs_.size();
+}
+
+int WorkQueue::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return busy_;
+}
+
+void WorkQueue::Run(int worker) {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping and drained
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+      ++busy_;
+    }
+    job(worker);
+    std::lock_guard<std::mutex> lock(mu_);
+    --busy_;
+  }
+}
+
+}  // namespace fusebox

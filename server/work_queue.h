@@ -1,0 +1,46 @@
+// A bounded queue of jobs served by a fixed set of worker threads. Each worker
+// has an index, so a backend can give worker i its own CUDA stream and staging
+// buffers. TryPush never blocks: a full queue is the caller's RESOURCE_EXHAUSTED.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace fusebox {
+
+class WorkQueue {
+ public:
+  using Job = std::function<void(int worker)>;
+
+  WorkQueue(int workers, size_t capacity);
+  ~WorkQueue();
+  WorkQueue(const WorkQueue&) = delete;
+  WorkQueue& operator=(const WorkQueue&) = delete;
+
+  // False when the queue holds `capacity` jobs or Shutdown has begun.
+  bool TryPush(Job job);
+  // Stops accepting, runs what is queued, joins the workers. Idempotent.
+  void Shutdown();
+
+  size_t queued() const;  // waiting, not yet running
+  int busy() const;       // running now
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+ private:
+  void Run(int worker);
+
+  const size_t capacity_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  int busy_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace fusebox
