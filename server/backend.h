@@ -18,7 +18,14 @@
 namespace fusebox {
 
 enum class Op { kGelu, kSoftmax, kRowSum, kMatmulRelu };
-const char* OpName(Op op);
+inline const char* OpName(Op op) {
+  switch (op) {
+    case Op::kGelu: return "Gelu";
+    case Op::kSoftmax: return "Softmax";
+    case Op::kRowSum: return "RowSum";
+    default: return "MatmulRelu";
+  }
+}
 
 enum class MatmulImpl { kDefault = 0, kCublasLt = 1, kTiled = 2 };
 

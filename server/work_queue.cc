@@ -32,6 +32,11 @@ void WorkQueue::Shutdown() {
   for (auto& t : threads_) t.join();
 }
 
+bool WorkQueue::stopping() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopping_;
+}
+
 size_t WorkQueue::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
   return jobs_.size();

@@ -27,6 +27,7 @@ class WorkQueue {
   // Stops accepting, runs what is queued, joins the workers. Idempotent.
   void Shutdown();
 
+  bool stopping() const;
   size_t queued() const;  // waiting, not yet running
   int busy() const;       // running now
   int workers() const { return static_cast<int>(threads_.size()); }

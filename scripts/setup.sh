@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages fusebox needs to build, test and demo (idempotent:
+# apt-get runs only when something is missing). The CUDA toolkit is optional and
+# not installed here: with /usr/local/cuda present the CUDA backend is built too.
+set -euo pipefail
+pkgs=(
+  build-essential cmake pkg-config file
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev
+  python3 python3-grpcio python3-numpy python3-protobuf python3-pytest
+  prometheus
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,96 @@
+// fusebox-server: flags -> ServerOptions -> RunServer. `--help` lists the flags.
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "server/server.h"
+
+namespace {
+const fusebox::ServerOptions kDefaults;
+}  // namespace
+
+ABSL_FLAG(std::string, address, kDefaults.address,
+          "host:port to serve gRPC on; port 0 picks a free port (printed at start-up)");
+ABSL_FLAG(std::string, backend, "auto",
+          "auto (the GPU when one is usable, else the CPU), cpu, or cuda (fail without a GPU)");
+ABSL_FLAG(std::string, cuda_module, "",
+          "path of libfusebox_cuda_backend.so; empty = next to this executable");
+ABSL_FLAG(int, workers, kDefaults.backend.cpu.workers,
+          "CPU backend: calls computed at once (each spread over --cpu_threads)");
+ABSL_FLAG(int, cpu_threads, 0, "CPU kernels: threads per call; 0 = all cores");
+ABSL_FLAG(int, streams, kDefaults.backend.cuda.streams,
+          "CUDA backend: streams in the pool (calls in flight on the GPU at once)");
+ABSL_FLAG(int, cuda_device, 0, "CUDA backend: device ordinal");
+ABSL_FLAG(int64_t, staging_mib, kDefaults.backend.cuda.staging_bytes >> 20,
+          "CUDA backend: pinned staging per stream and direction, MiB");
+ABSL_FLAG(std::string, matmul_impl, "cublaslt",
+          "CUDA backend: MatmulRelu when a request leaves impl unset: cublaslt or tiled");
+ABSL_FLAG(int64_t, queue_capacity, 1024,
+          "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
+          "largest request or response in bytes (gRPC allows at most 2^31-1)");
+ABSL_FLAG(double, drain_seconds, kDefaults.drain_seconds,
+          "on SIGTERM/SIGINT: seconds in-flight calls get to finish");
+ABSL_FLAG(std::string, metrics_address, "",
+          "host:port to serve Prometheus /metrics on; empty = off");
+
+int main(int argc, char** argv) {
+  fusebox::BlockShutdownSignals();  // before gRPC or the backend start threads
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "server/main.cc");
+  };
+  usage.normalize_filename = [](absl::string_view f) {
+    const size_t at = f.rfind("server/");
+    return std::string(at == absl::string_view::npos ? f : f.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "GeLU, softmax, row sum and matmul+ReLU as a gRPC service "
+      "(fusebox.v1.KernelService), on a GPU when one is usable, else on the CPU.\n"
+      "Usage: fusebox-server [--address=0.0.0.0:50051] [--backend=auto] [flags]");
+  absl::ParseCommandLine(argc, argv);
+
+  fusebox::ServerOptions o;
+  o.address = absl::GetFlag(FLAGS_address);
+  o.backend.kind = absl::GetFlag(FLAGS_backend);
+  o.backend.cuda_module = absl::GetFlag(FLAGS_cuda_module);
+  o.backend.cpu.workers = absl::GetFlag(FLAGS_workers);
+  o.backend.cpu.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
+  o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
+  o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
+  o.backend.cuda.staging_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_staging_mib)) << 20;
+  const std::string impl = absl::GetFlag(FLAGS_matmul_impl);
+  o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+
+  std::string bad;
+  if (impl == "cublaslt") {
+    o.backend.cuda.default_matmul = fusebox::MatmulImpl::kCublasLt;
+  } else if (impl == "tiled") {
+    o.backend.cuda.default_matmul = fusebox::MatmulImpl::kTiled;
+  } else {
+    bad = "--matmul_impl must be cublaslt or tiled";
+  }
+  if (o.backend.cpu.workers < 1 || o.backend.cuda.streams < 1) bad = "--workers and --streams must be >= 1";
+  if (o.backend.cpu.queue_capacity < 1) bad = "--queue_capacity must be >= 1";
+  if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
+  if (o.drain_seconds < 0) bad = "--drain_seconds must be >= 0";
+  if (!bad.empty()) {
+    std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
+    return 2;
+  }
+  const absl::Status s = fusebox::RunServer(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "fusebox-server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,251 @@
+// Request validation: each bad input gets the right canonical code and a
+// message naming the problem; good inputs become the right OpCall.
+#include "server/request.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace fusebox {
+namespace {
+
+v1::Tensor MakeTensor(v1::DType dt, std::initializer_list<int64_t> shape, size_t elem_size = 4) {
+  v1::Tensor t;
+  t.set_dtype(dt);
+  size_t n = 1;
+  for (int64_t d : shape) {
+    t.add_shape(d);
+    n *= static_cast<size_t>(d);
+  }
+  t.set_data(std::string(n * elem_size, '\0'));
+  return t;
+}
+
+v1::GeluRequest Gelu(const v1::Tensor& t) {
+  v1::GeluRequest r;
+  *r.mutable_input()->mutable_tensor() = t;
+  return r;
+}
+
+v1::MatmulReluRequest Matmul(const v1::Tensor& a, const v1::Tensor& b) {
+  v1::MatmulReluRequest r;
+  *r.mutable_a()->mutable_tensor() = a;
+  *r.mutable_b()->mutable_tensor() = b;
+  return r;
+}
+
+void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& needle) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_NE(std::string(s.message()).find(needle), std::string::npos)
+      << "message '" << s.message() << "' should mention '" << needle << "'";
+}
+
+const RequestLimits kLimits;
+
+TEST(Request, ByteLengthNotMatchingShapeIsInvalid) {
+  v1::Tensor t = MakeTensor(v1::FLOAT32, {2, 3});
+  t.mutable_data()->pop_back();
+  v1::Tensor out;
+  ExpectError(PrepareGelu(Gelu(t), kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "has 23 bytes but shape [2,3] of float32 needs 24");
+}
+
+TEST(Request, UnspecifiedDtypeIsInvalid) {
+  v1::Tensor out;
+  ExpectError(PrepareGelu(Gelu(MakeTensor(v1::DTYPE_UNSPECIFIED, {4})), kLimits, &out).status(),
+              absl::StatusCode::kInvalidArgument, "input.dtype is unspecified");
+}
+
+TEST(Request, UnknownDtypeIsInvalid) {
+  v1::Tensor out;
+  ExpectError(PrepareGelu(Gelu(MakeTensor(static_cast<v1::DType>(42), {4})), kLimits, &out).status(),
+              absl::StatusCode::kInvalidArgument, "dtype 42 is unknown");
+}
+
+TEST(Request, NegativeDimensionIsInvalid) {
+  v1::Tensor t;
+  t.set_dtype(v1::FLOAT32);
+  t.add_shape(4);
+  t.add_shape(-3);
+  v1::Tensor out;
+  ExpectError(PrepareGelu(Gelu(t), kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "shape[1] = -3 is negative");
+}
+
+TEST(Request, ElementCountOverflowIsInvalid) {
+  v1::Tensor t;
+  t.set_dtype(v1::FLOAT32);
+  for (int i = 0; i < 3; ++i) t.add_shape(int64_t{1} << 25);
+  v1::Tensor out;
+  ExpectError(PrepareGelu(Gelu(t), kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "more elements than fit in 64 bits");
+}
+
+TEST(Request, ScalarForSoftmaxIsInvalid) {
+  v1::SoftmaxRequest r;
+  *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT32, {});
+  v1::Tensor out;
+  ExpectError(PrepareSoftmax(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "needs rank >= 1");
+}
+
+TEST(Request, ScalarForRowSumIsInvalid) {
+  v1::RowSumRequest r;
+  *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT32, {});
+  v1::Tensor out;
+  ExpectError(PrepareRowSum(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "needs rank >= 1");
+}
+
+TEST(Request, ScalarGeluIsOneElement) {
+  v1::Tensor out;
+  auto p = PrepareGelu(Gelu(MakeTensor(v1::FLOAT32, {})), kLimits, &out);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->call.rows * p->call.cols, 1);
+  EXPECT_EQ(out.data().size(), 4u);
+  EXPECT_EQ(out.shape_size(), 0);
+}
+
+TEST(Request, MatmulInnerDimensionsDifferIsInvalid) {
+  v1::Tensor out;
+  ExpectError(
+      PrepareMatmulRelu(Matmul(MakeTensor(v1::FLOAT32, {2, 3}), MakeTensor(v1::FLOAT32, {4, 5})),
+                        kLimits, &out)
+          .status(),
+      absl::StatusCode::kInvalidArgument, "inner dimensions differ: a is [2,3] and b is [4,5]");
+}
+
+TEST(Request, MatmulRankOtherThanTwoIsInvalid) {
+  v1::Tensor out;
+  ExpectError(
+      PrepareMatmulRelu(Matmul(MakeTensor(v1::FLOAT32, {2, 3, 1}), MakeTensor(v1::FLOAT32, {3, 5})),
+                        kLimits, &out)
+          .status(),
+      absl::StatusCode::kInvalidArgument, "rank 2");
+}
+
+TEST(Request, BiasOfWrongLengthIsInvalid) {
+  auto r = Matmul(MakeTensor(v1::FLOAT32, {2, 3}), MakeTensor(v1::FLOAT32, {3, 5}));
+  *r.mutable_bias()->mutable_tensor() = MakeTensor(v1::FLOAT32, {4});
+  v1::Tensor out;
+  ExpectError(PrepareMatmulRelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "bias must have shape [5]");
+}
+
+TEST(Request, OperandsOfDifferentDtypesAreInvalid) {
+  v1::Tensor out;
+  ExpectError(PrepareMatmulRelu(Matmul(MakeTensor(v1::FLOAT32, {2, 3}),
+                                       MakeTensor(v1::BFLOAT16, {3, 5}, 2)),
+                                kLimits, &out)
+                  .status(),
+              absl::StatusCode::kInvalidArgument, "a is float32 but b is bfloat16");
+}
+
+TEST(Request, BiasOfDifferentDtypeIsInvalid) {
+  auto r = Matmul(MakeTensor(v1::FLOAT16, {2, 3}, 2), MakeTensor(v1::FLOAT16, {3, 5}, 2));
+  *r.mutable_bias()->mutable_tensor() = MakeTensor(v1::FLOAT32, {5});
+  v1::Tensor out;
+  ExpectError(PrepareMatmulRelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "bias is float32 but a and b are float16");
+}
+
+TEST(Request, MissingTensorIsInvalid) {
+  v1::Tensor out;
+  ExpectError(PrepareGelu(v1::GeluRequest(), kLimits, &out).status(),
+              absl::StatusCode::kInvalidArgument, "input is missing");
+  v1::MatmulReluRequest r;
+  *r.mutable_a()->mutable_tensor() = MakeTensor(v1::FLOAT32, {2, 3});
+  ExpectError(PrepareMatmulRelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "b is missing");
+}
+
+TEST(Request, EmptyTensorRefIsInvalid) {
+  v1::GeluRequest r;
+  r.mutable_input();  // present but neither tensor nor handle
+  v1::Tensor out;
+  ExpectError(PrepareGelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "input is missing");
+}
+
+TEST(Request, HandleIsUnimplementedForNow) {
+  v1::GeluRequest r;
+  r.mutable_input()->set_handle("t-123");
+  v1::Tensor out;
+  ExpectError(PrepareGelu(r, kLimits, &out).status(), absl::StatusCode::kUnimplemented,
+              "handles are not served yet");
+}
+
+TEST(Request, OutputOverLimitIsResourceExhausted) {
+  RequestLimits small;
+  small.max_output_bytes = 1000;
+  v1::Tensor out;
+  // [1000,1] x [1,1000] is 8 KB in, 4 MB out.
+  ExpectError(PrepareMatmulRelu(Matmul(MakeTensor(v1::FLOAT32, {1000, 1}),
+                                       MakeTensor(v1::FLOAT32, {1, 1000})),
+                                small, &out)
+                  .status(),
+              absl::StatusCode::kResourceExhausted, "over this server's limit of 1000");
+}
+
+TEST(Request, EmptyTensorGivesEmptyOutputWithoutCompute) {
+  v1::SoftmaxRequest r;
+  *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT32, {0, 7});
+  v1::Tensor out;
+  auto p = PrepareSoftmax(r, kLimits, &out);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->trivial);
+  EXPECT_EQ(out.shape_size(), 2);
+  EXPECT_EQ(out.shape(0), 0);
+  EXPECT_EQ(out.shape(1), 7);
+  EXPECT_TRUE(out.data().empty());
+}
+
+TEST(Request, RowSumOfZeroLengthRowsIsZeros) {
+  v1::RowSumRequest r;
+  *r.mutable_input()->mutable_tensor() = MakeTensor(v1::BFLOAT16, {3, 0}, 2);
+  v1::Tensor out;
+  out.set_data(std::string(12, 'x'));
+  out.clear_data();
+  auto p = PrepareRowSum(r, kLimits, &out);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->trivial);
+  EXPECT_EQ(out.dtype(), v1::FLOAT32);
+  ASSERT_EQ(out.data().size(), 12u);
+  EXPECT_EQ(out.data(), std::string(12, '\0'));
+}
+
+TEST(Request, MatmulWithEmptyInnerDimensionIsReluOfBias) {
+  auto r = Matmul(MakeTensor(v1::FLOAT32, {2, 0}), MakeTensor(v1::FLOAT32, {0, 2}));
+  v1::Tensor bias;
+  bias.set_dtype(v1::FLOAT32);
+  bias.add_shape(2);
+  const float b[2] = {-1.5f, 2.5f};
+  bias.set_data(std::string(reinterpret_cast<const char*>(b), 8));
+  *r.mutable_bias()->mutable_tensor() = bias;
+  v1::Tensor out;
+  auto p = PrepareMatmulRelu(r, kLimits, &out);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->trivial);
+  const float* o = reinterpret_cast<const float*>(out.data().data());
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_EQ(o[1], 2.5f);
+  EXPECT_EQ(o[2], 0.0f);
+  EXPECT_EQ(o[3], 2.5f);
+}
+
+TEST(Request, RowSumOutputIsFloat32WithoutLastAxis) {
+  v1::RowSumRequest r;
+  *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT16, {2, 3, 5}, 2);
+  v1::Tensor out;
+  auto p = PrepareRowSum(r, kLimits, &out);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(out.dtype(), v1::FLOAT32);
+  ASSERT_EQ(out.shape_size(), 2);
+  EXPECT_EQ(out.shape(1), 3);
+  EXPECT_EQ(p->call.rows, 6);
+  EXPECT_EQ(p->call.cols, 5);
+  EXPECT_EQ(out.data().size(), 24u);
+}
+
+}  // namespace
+}  // namespace fusebox
