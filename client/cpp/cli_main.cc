@@ -1,0 +1,202 @@
+// `fusebox`: command-line client. Runs one op on .npy files against a fusebox
+// server, writes the .npy result and prints where the time went; `health`
+// asks the server's grpc.health.v1 service.
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/cpp/fusebox_client.h"
+#include "client/cpp/npy.h"
+
+namespace fc = fusebox::client;
+
+namespace {
+
+constexpr char kUsage[] = R"(fusebox: run fusebox kernels on .npy files through a fusebox server.
+
+usage:
+  fusebox [--server HOST:PORT] gelu        IN.npy            -o OUT.npy [options]
+  fusebox [--server HOST:PORT] softmax     IN.npy            -o OUT.npy [options]
+  fusebox [--server HOST:PORT] rowsum      IN.npy            -o OUT.npy [options]
+  fusebox [--server HOST:PORT] matmul_relu A.npy B.npy [BIAS.npy] -o OUT.npy [options]
+  fusebox [--server HOST:PORT] health
+
+ops:
+  gelu         tanh-form GeLU, elementwise, any shape
+  softmax      softmax over the last axis (rank >= 1)
+  rowsum       sum over the last axis (rank >= 1); the output is always float32
+  matmul_relu  relu(A @ B + BIAS): A [M,K], B [K,N], optional BIAS [N]
+  health       prints SERVING / NOT_SERVING; exit 0 only when SERVING
+
+options:
+  --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051)
+  --token T           bearer token for a server with a token file (default: $FUSEBOX_TOKEN)
+  -o, --output PATH   where to write the result (.npy)
+  --dtype D           dtype to compute in: float32 | float16 | bfloat16
+                      (default: the input file's dtype). Inputs are converted on
+                      the client, rounding to nearest even.
+  --allow_tf32        matmul_relu, float32 only: let a GPU use TF32 tensor cores
+  --impl I            matmul_relu on a GPU: default | cublaslt | tiled
+  --timeout_ms N      deadline for the call (default 60000)
+  --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
+  -q, --quiet         do not print the timing
+  -h, --help          this text
+
+.npy conventions (NumPy has no bfloat16):
+  '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),
+  '<f8' accepted and narrowed to float32. C order, little-endian, format v1/v2/v3.
+  A bfloat16 result is written as '<f4' (exact) unless --bf16_bits is given.
+
+output: the result file, and on stdout the op, shapes and the server's timing
+(queue, copy in, kernel, copy out, total, in microseconds) plus the client's
+round-trip time.
+
+exit status: 0 success; 1 the call or a file failed (the gRPC code and the
+server's message are printed); 2 bad command line.
+)";
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "fusebox: %s\n(run `fusebox --help` for usage)\n", msg.c_str());
+  return 2;
+}
+
+std::string ShapeString(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int Fail(const absl::Status& st) {
+  std::fprintf(stderr, "fusebox: error: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
+               std::string(st.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string server = std::getenv("FUSEBOX_SERVER") ? std::getenv("FUSEBOX_SERVER") : "localhost:50051";
+  std::string token = std::getenv("FUSEBOX_TOKEN") ? std::getenv("FUSEBOX_TOKEN") : "";
+  std::string output, dtype_name, impl_name = "default";
+  bool allow_tf32 = false, bf16_bits = false, quiet = false;
+  long timeout_ms = 60000;
+  std::vector<std::string> positional;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    const bool has_eq = arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos;
+    if (has_eq) {
+      value = arg.substr(arg.find('=') + 1);
+      arg = arg.substr(0, arg.find('='));
+    }
+    auto need_value = [&](std::string* out) {
+      if (has_eq) { *out = value; return true; }
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--server") {
+      if (!need_value(&server)) return Usage("--server needs HOST:PORT");
+    } else if (arg == "--token") {
+      if (!need_value(&token)) return Usage("--token needs a value");
+    } else if (arg == "-o" || arg == "--output") {
+      if (!need_value(&output)) return Usage(arg + " needs a path");
+    } else if (arg == "--dtype") {
+      if (!need_value(&dtype_name)) return Usage("--dtype needs float32, float16 or bfloat16");
+    } else if (arg == "--impl") {
+      if (!need_value(&impl_name)) return Usage("--impl needs default, cublaslt or tiled");
+    } else if (arg == "--timeout_ms") {
+      std::string v;
+      if (!need_value(&v)) return Usage("--timeout_ms needs a number");
+      char* end = nullptr;
+      timeout_ms = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || timeout_ms <= 0) return Usage("--timeout_ms needs a positive number");
+    } else if (arg == "--allow_tf32") {
+      allow_tf32 = true;
+    } else if (arg == "--bf16_bits") {
+      bf16_bits = true;
+    } else if (arg == "-q" || arg == "--quiet") {
+      quiet = true;
+    } else if (arg.size() > 1 && arg[0] == '-') {
+      return Usage("unknown option " + arg);
+    } else {
+      positional.push_back(arg);
+    }
+  }
+  if (positional.empty()) return Usage("no op given");
+  const std::string op = positional[0];
+  std::vector<std::string> inputs(positional.begin() + 1, positional.end());
+
+  std::optional<fusebox::DType> want;
+  if (!dtype_name.empty()) {
+    fusebox::DType d;
+    if (!fc::ParseDType(dtype_name, &d)) return Usage("unknown --dtype '" + dtype_name + "'");
+    want = d;
+  }
+  fc::CallOptions opts;
+  opts.timeout = std::chrono::milliseconds(timeout_ms);
+  opts.allow_tf32 = allow_tf32;
+  if (impl_name == "default") opts.impl = fc::MatmulImpl::kDefault;
+  else if (impl_name == "cublaslt") opts.impl = fc::MatmulImpl::kCublasLt;
+  else if (impl_name == "tiled") opts.impl = fc::MatmulImpl::kTiled;
+  else return Usage("unknown --impl '" + impl_name + "'");
+
+  fc::Client::Options copts;
+  copts.auth_token = token;
+  auto client = fc::Client::Create(server, copts);
+
+  if (op == "health") {
+    if (!inputs.empty()) return Usage("health takes no inputs");
+    auto h = client->Health("", std::chrono::milliseconds(timeout_ms));
+    if (!h.ok()) return Fail(h.status());
+    static const char* kNames[] = {"UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"};
+    std::printf("%s\n", kNames[static_cast<int>(*h)]);
+    return *h == fc::HealthStatus::kServing ? 0 : 1;
+  }
+
+  size_t min_in = 1, max_in = 1;
+  if (op == "matmul_relu") { min_in = 2; max_in = 3; }
+  else if (op != "gelu" && op != "softmax" && op != "rowsum") return Usage("unknown op '" + op + "'");
+  if (inputs.size() < min_in || inputs.size() > max_in) {
+    return Usage(op + (op == "matmul_relu" ? " takes A.npy B.npy [BIAS.npy]" : " takes one input .npy"));
+  }
+  if (output.empty()) return Usage("no output file: pass -o OUT.npy");
+
+  std::vector<fc::HostTensor> tensors;
+  for (const auto& path : inputs) {
+    auto arr = fc::ReadNpy(path);
+    if (!arr.ok()) return Fail(arr.status());
+    // Matmul operands must share one dtype: the first file's unless --dtype says.
+    auto t = fc::NpyToTensor(*arr, want ? want : (tensors.empty() ? std::nullopt
+                                                                   : std::optional(tensors[0].dtype)));
+    if (!t.ok()) return Fail(absl::Status(t.status().code(), path + ": " + std::string(t.status().message())));
+    tensors.push_back(std::move(*t));
+  }
+
+  absl::StatusOr<fc::OpResult> r;
+  if (op == "gelu") r = client->Gelu(tensors[0], opts);
+  else if (op == "softmax") r = client->Softmax(tensors[0], opts);
+  else if (op == "rowsum") r = client->RowSum(tensors[0], opts);
+  else r = client->MatmulRelu(tensors[0], tensors[1], tensors.size() > 2 ? &tensors[2] : nullptr, opts);
+  if (!r.ok()) return Fail(r.status());
+
+  absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(r->output, bf16_bits));
+  if (!st.ok()) return Fail(st);
+  if (!quiet) {
+    const fc::Timing& t = r->timing;
+    std::printf("%s: %s %s -> %s %s written to %s\n", op.c_str(), fusebox::DTypeName(tensors[0].dtype),
+                ShapeString(tensors[0].shape).c_str(), fusebox::DTypeName(r->output.dtype),
+                ShapeString(r->output.shape).c_str(), output.c_str());
+    std::printf("server timing (us): queue %.1f  copy_in %.1f  kernel %.1f  copy_out %.1f  total %.1f"
+                "  [%s, %s, stream %d]\n",
+                t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us, t.backend.c_str(),
+                t.device.c_str(), t.stream);
+    std::printf("client round trip (us): %.1f\n", t.rpc_us);
+  }
+  return 0;
+}

@@ -1,0 +1,374 @@
+// fusebox C++ client (see fusebox_client.h): hand-encoded zero-copy requests over
+// a generic stub, protobuf-parsed responses, one completion queue per thread.
+#include "client/cpp/fusebox_client.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "fusebox/v1/kernel_service.pb.h"
+
+namespace fusebox::client {
+namespace {
+
+namespace pb = ::fusebox::v1;
+using Clock = std::chrono::steady_clock;
+
+void PutVarint(std::string* s, uint64_t v) {
+  while (v >= 0x80) {
+    s->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  s->push_back(static_cast<char>(v));
+}
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) { v >>= 7; ++n; }
+  return n;
+}
+
+// Waits until grpc has dropped every reference to the caller's payload slices,
+// so the caller may free its tensors as soon as a call returns.
+class SliceRefs {
+ public:
+  static void Release(void* self) {
+    auto* r = static_cast<SliceRefs*>(self);
+    std::lock_guard<std::mutex> lock(r->mu_);
+    if (--r->live_ == 0) r->cv_.notify_all();
+  }
+  grpc::Slice Wrap(const std::string& bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++live_;
+    }
+    return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &SliceRefs::Release, this);
+  }
+  void WaitAllReleased() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return live_ == 0; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int live_ = 0;
+};
+
+// Field numbers shared by every op request: input = 1 (or a = 1, b = 2, bias = 3).
+grpc::ByteBuffer Encode(bool matmul, const HostTensor* const* tensors, int count,
+                        bool allow_tf32, int impl, SliceRefs* refs) {
+  std::vector<grpc::Slice> slices;
+  std::string head;
+  for (int i = 0; i < count; ++i) {
+    const HostTensor& t = *tensors[i];
+    std::string hdr;  // Tensor fields before the payload
+    if (static_cast<int>(t.dtype) != 0) {
+      hdr.push_back(0x08);
+      PutVarint(&hdr, static_cast<uint64_t>(static_cast<int64_t>(t.dtype)));
+    }
+    if (!t.shape.empty()) {
+      std::string packed;
+      for (int64_t d : t.shape) PutVarint(&packed, static_cast<uint64_t>(d));
+      hdr.push_back(0x12);
+      PutVarint(&hdr, packed.size());
+      hdr += packed;
+    }
+    if (!t.data.empty()) {
+      hdr.push_back(0x1a);
+      PutVarint(&hdr, t.data.size());
+    }
+    const uint64_t tensor_len = hdr.size() + t.data.size();
+    const uint64_t ref_len = 1 + VarintSize(tensor_len) + tensor_len;
+    head.push_back(static_cast<char>(((i + 1) << 3) | 2));  // request field i+1, LEN
+    PutVarint(&head, ref_len);
+    head.push_back(0x0a);  // TensorRef.tensor
+    PutVarint(&head, tensor_len);
+    head += hdr;
+    if (!t.data.empty()) {
+      slices.emplace_back(head);
+      head.clear();
+      slices.push_back(refs ? refs->Wrap(t.data)
+                            : grpc::Slice(t.data.data(), t.data.size(), grpc::Slice::STATIC_SLICE));
+    }
+  }
+  if (matmul && allow_tf32) head += std::string("\x20\x01", 2);
+  if (matmul && impl != 0) {
+    head.push_back(0x28);
+    PutVarint(&head, static_cast<uint64_t>(impl));
+  }
+  if (!head.empty() || slices.empty()) slices.emplace_back(head);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+void FillTensor(const HostTensor& t, pb::TensorRef* ref) {
+  pb::Tensor* out = ref->mutable_tensor();
+  out->set_dtype(static_cast<pb::DType>(static_cast<int>(t.dtype)));
+  for (int64_t d : t.shape) out->add_shape(d);
+  out->set_data(t.data);
+}
+
+template <typename Req>
+grpc::ByteBuffer Serialize(const Req& req) {
+  grpc::ByteBuffer bb;
+  bool own = false;
+  grpc::SerializationTraits<Req>::Serialize(req, &bb, &own);
+  return bb;
+}
+
+grpc::ByteBuffer EncodeProtobuf(bool matmul, const HostTensor* const* tensors, int count,
+                                bool allow_tf32, int impl) {
+  if (!matmul) {
+    pb::GeluRequest req;  // Gelu/Softmax/RowSum requests share one wire layout
+    FillTensor(*tensors[0], req.mutable_input());
+    return Serialize(req);
+  }
+  pb::MatmulReluRequest req;
+  FillTensor(*tensors[0], req.mutable_a());
+  FillTensor(*tensors[1], req.mutable_b());
+  if (count > 2) FillTensor(*tensors[2], req.mutable_bias());
+  req.set_allow_tf32(allow_tf32);
+  req.set_impl(static_cast<pb::MatmulImpl>(impl));
+  return Serialize(req);
+}
+
+template <typename Resp>
+absl::Status ParseResponse(grpc::ByteBuffer* bb, OpResult* result) {
+  Resp resp;
+  grpc::Status s = grpc::SerializationTraits<Resp>::Deserialize(bb, &resp);
+  if (!s.ok()) return absl::InternalError("cannot parse the server's response: " + s.error_message());
+  if (!resp.output().has_tensor()) {
+    return absl::InternalError(resp.output().has_handle()
+                                   ? "server returned a handle; inline output was expected"
+                                   : "server response has no output tensor");
+  }
+  pb::Tensor* t = resp.mutable_output()->mutable_tensor();
+  result->output.dtype = static_cast<DType>(static_cast<int>(t->dtype()));
+  result->output.shape.assign(t->shape().begin(), t->shape().end());
+  result->output.data.swap(*t->mutable_data());
+  const pb::Timing& tm = resp.timing();
+  Timing& o = result->timing;
+  o.queue_us = tm.queue_us();
+  o.copy_in_us = tm.copy_in_us();
+  o.kernel_us = tm.kernel_us();
+  o.copy_out_us = tm.copy_out_us();
+  o.total_us = tm.total_us();
+  o.backend = tm.backend();
+  o.device = tm.device();
+  o.stream = tm.stream();
+  return absl::OkStatus();
+}
+
+// One completion queue per calling thread, reused by its synchronous calls.
+struct ThreadCq {
+  grpc::CompletionQueue cq;
+  ~ThreadCq() {
+    cq.Shutdown();
+    void* tag;
+    bool ok;
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+};
+
+std::string Flatten(const grpc::ByteBuffer& bb) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!bb.Dump(&slices).ok()) return out;
+  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+}  // namespace
+
+int64_t HostTensor::NumElements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    if (d != 0 && n > std::numeric_limits<int64_t>::max() / d) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+HostTensor HostTensor::FromFloats(DType dtype, std::vector<int64_t> shape,
+                                  const std::vector<float>& values) {
+  HostTensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.data.resize(values.size() * ElementSize(dtype));
+  for (size_t i = 0; i < values.size(); ++i) StoreFromFloat(dtype, t.data.data(), i, values[i]);
+  return t;
+}
+
+std::vector<float> HostTensor::ToFloats() const {
+  const size_t n = data.size() / ElementSize(dtype);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = LoadAsFloat(dtype, data.data(), i);
+  return out;
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+bool ParseDType(const std::string& name, DType* out) {
+  if (name == "float32" || name == "f32" || name == "fp32") *out = DType::kFloat32;
+  else if (name == "float16" || name == "f16" || name == "fp16" || name == "half") *out = DType::kFloat16;
+  else if (name == "bfloat16" || name == "bf16") *out = DType::kBFloat16;
+  else return false;
+  return true;
+}
+
+grpc::ByteBuffer EncodeRequestForTest(bool matmul, const HostTensor* const* tensors, int count,
+                                      bool allow_tf32, int impl) {
+  return Encode(matmul, tensors, count, allow_tf32, impl, nullptr);
+}
+
+Client::Client(std::shared_ptr<grpc::Channel> channel, Options options)
+    : channel_(std::move(channel)),
+      stub_(std::make_unique<grpc::GenericStub>(channel_)),
+      options_(options) {}
+
+std::unique_ptr<Client> Client::Create(const std::string& target, Options options) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  // No transparent retries: they would hold (and may copy) large payloads.
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+}
+
+bool Client::WaitForReady(std::chrono::milliseconds timeout) {
+  return channel_->WaitForConnected(std::chrono::system_clock::now() + timeout);
+}
+
+absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
+                               grpc::ByteBuffer* response, std::chrono::milliseconds timeout) {
+  thread_local ThreadCq tcq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   (timeout.count() > 0 ? timeout : options_.default_timeout));
+  if (!options_.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.auth_token);
+  grpc::Status status;
+  {
+    auto call = stub_->PrepareUnaryCall(&ctx, method, request, &tcq.cq);
+    call->StartCall();
+    call->Finish(response, &status, call.get());
+    void* tag = nullptr;
+    bool ok = false;
+    if (!tcq.cq.Next(&tag, &ok)) return absl::InternalError("completion queue shut down");
+  }
+  return FromGrpc(status);
+}
+
+absl::StatusOr<OpResult> Client::Run(Op op, const HostTensor* const* tensors, int count,
+                                     const CallOptions& opts) {
+  static const char* kMethods[] = {"/fusebox.v1.KernelService/Gelu",
+                                   "/fusebox.v1.KernelService/Softmax",
+                                   "/fusebox.v1.KernelService/RowSum",
+                                   "/fusebox.v1.KernelService/MatmulRelu"};
+  const bool matmul = op == Op::kMatmulRelu;
+  const int impl = static_cast<int>(opts.impl);
+  const auto start = Clock::now();
+  OpResult result;
+  grpc::ByteBuffer response;
+  absl::Status st;
+  {
+    SliceRefs refs;
+    {
+      grpc::ByteBuffer request =
+          options_.request_path == RequestPath::kZeroCopy
+              ? Encode(matmul, tensors, count, opts.allow_tf32, impl, &refs)
+              : EncodeProtobuf(matmul, tensors, count, opts.allow_tf32, impl);
+      st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout);
+    }
+    refs.WaitAllReleased();
+  }
+  if (!st.ok()) return st;
+  switch (op) {
+    case Op::kGelu: st = ParseResponse<pb::GeluResponse>(&response, &result); break;
+    case Op::kSoftmax: st = ParseResponse<pb::SoftmaxResponse>(&response, &result); break;
+    case Op::kRowSum: st = ParseResponse<pb::RowSumResponse>(&response, &result); break;
+    case Op::kMatmulRelu: st = ParseResponse<pb::MatmulReluResponse>(&response, &result); break;
+  }
+  if (!st.ok()) return st;
+  result.timing.rpc_us =
+      std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return result;
+}
+
+absl::StatusOr<OpResult> Client::Gelu(const HostTensor& input, const CallOptions& opts) {
+  const HostTensor* t[] = {&input};
+  return Run(Op::kGelu, t, 1, opts);
+}
+absl::StatusOr<OpResult> Client::Softmax(const HostTensor& input, const CallOptions& opts) {
+  const HostTensor* t[] = {&input};
+  return Run(Op::kSoftmax, t, 1, opts);
+}
+absl::StatusOr<OpResult> Client::RowSum(const HostTensor& input, const CallOptions& opts) {
+  const HostTensor* t[] = {&input};
+  return Run(Op::kRowSum, t, 1, opts);
+}
+absl::StatusOr<OpResult> Client::MatmulRelu(const HostTensor& a, const HostTensor& b,
+                                            const HostTensor* bias, const CallOptions& opts) {
+  const HostTensor* t[] = {&a, &b, bias};
+  return Run(Op::kMatmulRelu, t, bias ? 3 : 2, opts);
+}
+
+absl::StatusOr<HealthStatus> Client::Health(const std::string& service,
+                                            std::chrono::milliseconds timeout) {
+  std::string req;  // HealthCheckRequest { string service = 1; }
+  if (!service.empty()) {
+    req.push_back(0x0a);
+    PutVarint(&req, service.size());
+    req += service;
+  }
+  grpc::Slice slice(req);
+  grpc::ByteBuffer request(&slice, 1), response;
+  absl::Status st = UnaryCall("/grpc.health.v1.Health/Check", request, &response, timeout);
+  if (!st.ok()) return st;
+  // HealthCheckResponse { ServingStatus status = 1; }: read field 1, skip others.
+  const std::string bytes = Flatten(response);
+  size_t i = 0;
+  auto varint = [&](uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; i < bytes.size() && shift < 64; shift += 7) {
+      const uint8_t b = static_cast<uint8_t>(bytes[i++]);
+      *v |= uint64_t{b & 0x7fu} << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
+  };
+  uint64_t status = 0;
+  while (i < bytes.size()) {
+    uint64_t key = 0, v = 0;
+    if (!varint(&key)) break;
+    const int wire = static_cast<int>(key & 7);
+    if (wire == 0) {
+      if (!varint(&v)) break;
+      if ((key >> 3) == 1) status = v;
+    } else if (wire == 2) {
+      if (!varint(&v)) break;
+      i += v;
+    } else if (wire == 1) {
+      i += 8;
+    } else if (wire == 5) {
+      i += 4;
+    } else {
+      return absl::InternalError("cannot parse the health response");
+    }
+  }
+  return static_cast<HealthStatus>(status <= 3 ? status : 0);
+}
+
+}  // namespace fusebox::client

@@ -1,0 +1,263 @@
+"""fusebox Python client: numpy arrays in, numpy arrays out, over gRPC.
+
+dtypes: float32 and float16 arrays map directly to FLOAT32 / FLOAT16. NumPy has
+no bfloat16, so it is explicit:
+  * pass ``dtype="bfloat16"``: float arrays are rounded to bfloat16 on the client
+    (round to nearest even); a uint16 array is taken as raw bfloat16 bit patterns;
+  * a bfloat16 result comes back as float32 (exact widening) by default, or as
+    uint16 bit patterns with ``bf16_output="bits"``;
+  * arrays whose dtype is named "bfloat16" (ml_dtypes, if you use it) are sent as
+    bfloat16 without a dtype argument.
+float64 input with no dtype is narrowed to float32.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import grpc
+import numpy as np
+
+try:
+    from fusebox.v1 import kernel_service_pb2 as pb
+    from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "fusebox_client needs the generated fusebox.v1 modules: build the CMake target "
+        "fusebox_proto_python (or fusebox_client_python) and put <build>/python on PYTHONPATH"
+    ) from e
+
+_DTYPES = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
+_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16",
+            "half": "float16", "bf16": "bfloat16"}
+
+
+class FuseboxError(RuntimeError):
+    """A failed call: ``code`` is the grpc.StatusCode, ``details`` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class Timing:
+    """Where a call's time went (microseconds). rpc_us is the client's round trip."""
+    queue_us: float
+    copy_in_us: float
+    kernel_us: float
+    copy_out_us: float
+    total_us: float
+    backend: str
+    device: str
+    stream: int
+    rpc_us: float
+
+
+def float_to_bfloat16_bits(x) -> np.ndarray:
+    """Rounds float values to bfloat16 (nearest even, NaN stays NaN); returns uint16 bits."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    bits = bits.astype(np.uint16)
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    bits[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
+    return bits
+
+
+def bfloat16_bits_to_float(bits) -> np.ndarray:
+    """Widens uint16 bfloat16 bit patterns to float32 (exact)."""
+    b = np.ascontiguousarray(bits, dtype=np.uint16)
+    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _dtype_name(dtype) -> Optional[str]:
+    if dtype is None:
+        return None
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    name = _ALIASES.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}: use float32, float16 or bfloat16")
+    return name
+
+
+def to_tensor(x, dtype=None) -> "pb.Tensor":
+    """numpy array (+ optional target dtype) -> fusebox.v1.Tensor (see module doc)."""
+    arr = np.asarray(x)
+    want = _dtype_name(dtype)
+    if want is None:
+        if arr.dtype == np.float32:
+            want = "float32"
+        elif arr.dtype == np.float16:
+            want = "float16"
+        elif arr.dtype.name == "bfloat16":
+            want = "bfloat16"
+        elif arr.dtype == np.float64:
+            want = "float32"
+        elif arr.dtype == np.uint16:
+            raise TypeError("uint16 input: pass dtype='bfloat16' to send it as bfloat16 bit patterns")
+        else:
+            raise TypeError(f"unsupported array dtype {arr.dtype}: use float32, float16 or bfloat16")
+    if want == "bfloat16":
+        if arr.dtype == np.uint16 or arr.dtype.name == "bfloat16":
+            data = np.ascontiguousarray(arr).view(np.uint16)
+        else:
+            data = float_to_bfloat16_bits(arr)
+    else:
+        data = np.ascontiguousarray(arr, dtype=np.dtype(want).newbyteorder("<"))
+    return pb.Tensor(dtype=_DTYPES[want], shape=list(arr.shape), data=data.tobytes())
+
+
+def from_tensor(t: "pb.Tensor", bf16_output: str = "float32") -> np.ndarray:
+    """fusebox.v1.Tensor -> numpy array; bfloat16 as float32 or as uint16 bits."""
+    shape = tuple(t.shape)
+    if t.dtype == pb.FLOAT32:
+        return np.frombuffer(t.data, dtype="<f4").reshape(shape).copy()
+    if t.dtype == pb.FLOAT16:
+        return np.frombuffer(t.data, dtype="<f2").reshape(shape).copy()
+    if t.dtype == pb.BFLOAT16:
+        bits = np.frombuffer(t.data, dtype="<u2").reshape(shape)
+        if bf16_output == "bits":
+            return bits.copy()
+        if bf16_output != "float32":
+            raise ValueError("bf16_output must be 'float32' or 'bits'")
+        return bfloat16_bits_to_float(bits).reshape(shape)
+    raise FuseboxError(grpc.StatusCode.INTERNAL, f"server returned unknown dtype {t.dtype}")
+
+
+_HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+
+
+class Client:
+    """A connection to one fusebox server. Thread-safe; use as a context manager."""
+
+    def __init__(self, target: str, timeout: float = 60.0, max_message_bytes: int = -1,
+                 token: Optional[str] = None):
+        """target "host:port"; timeout: default deadline in seconds; token: bearer token
+        for a server started with a token file."""
+        self.target = target
+        self.timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.channel = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.enable_retries", 0),
+        ])
+        self.stub = pb_grpc.KernelServiceStub(self.channel)
+        self._health = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_for_ready(self, timeout: float = 10.0) -> bool:
+        """True when the channel connects within timeout seconds."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+
+    def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """grpc.health.v1 Check: 'SERVING', 'NOT_SERVING', 'SERVICE_UNKNOWN' or 'UNKNOWN'."""
+        svc = service.encode()
+        req = (b"\x0a" + _varint(len(svc)) + svc) if svc else b""
+        try:
+            resp = self._health(req, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+        return _HEALTH.get(_read_field1_varint(resp), "UNKNOWN")
+
+    # --- ops -------------------------------------------------------------------------------
+
+    def gelu(self, x, *, dtype=None, timeout=None, bf16_output="float32", return_timing=False):
+        """Tanh-form GeLU of x (any shape)."""
+        req = pb.GeluRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+        return self._call(self.stub.Gelu, req, timeout, bf16_output, return_timing)
+
+    def softmax(self, x, *, dtype=None, timeout=None, bf16_output="float32", return_timing=False):
+        """Softmax over the last axis (rank >= 1)."""
+        req = pb.SoftmaxRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+        return self._call(self.stub.Softmax, req, timeout, bf16_output, return_timing)
+
+    def rowsum(self, x, *, dtype=None, timeout=None, return_timing=False):
+        """Sum over the last axis (rank >= 1); always float32."""
+        req = pb.RowSumRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+        return self._call(self.stub.RowSum, req, timeout, "float32", return_timing)
+
+    def matmul_relu(self, a, b, bias=None, *, dtype=None, allow_tf32=False, impl=0,
+                    timeout=None, bf16_output="float32", return_timing=False):
+        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None. dtype defaults to a's."""
+        ta = to_tensor(a, dtype)
+        want = dtype if dtype is not None else pb.DType.Name(ta.dtype).lower()
+        req = pb.MatmulReluRequest(a=pb.TensorRef(tensor=ta),
+                                   b=pb.TensorRef(tensor=to_tensor(b, want)),
+                                   allow_tf32=allow_tf32, impl=impl)
+        if bias is not None:
+            req.bias.tensor.CopyFrom(to_tensor(bias, want))
+        return self._call(self.stub.MatmulRelu, req, timeout, bf16_output, return_timing)
+
+    def _call(self, method, req, timeout, bf16_output, return_timing):
+        start = time.perf_counter()
+        try:
+            resp = method(req, timeout=self.timeout if timeout is None else timeout,
+                          metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+        rpc_us = (time.perf_counter() - start) * 1e6
+        if not resp.output.HasField("tensor"):
+            raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no inline output tensor")
+        out = from_tensor(resp.output.tensor, bf16_output)
+        if not return_timing:
+            return out
+        t = resp.timing
+        return out, Timing(t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us,
+                           t.backend, t.device, t.stream, rpc_us)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_field1_varint(buf: bytes) -> int:
+    """Reads field 1 (varint) of a serialized message; 0 when absent."""
+    i, value = 0, 0
+
+    def varint():
+        nonlocal i
+        v, shift = 0, 0
+        while i < len(buf):
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return v
+            shift += 7
+        raise ValueError("truncated varint")
+
+    while i < len(buf):
+        key = varint()
+        wire = key & 7
+        if wire == 0:
+            v = varint()
+            if key >> 3 == 1:
+                value = v
+        elif wire == 2:
+            i += varint()
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError("cannot parse health response")
+    return value
