@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/dtype.h"
 
 namespace fusebox {
@@ -44,6 +45,11 @@ struct OpCall {
   size_t output_bytes = 0;
   bool allow_tf32 = false;
   MatmulImpl matmul_impl = MatmulImpl::kDefault;
+  // Resident operands: when set, that pointer is a Buffer::data() of this
+  // backend (device memory on CUDA) rather than host memory, so it needs no
+  // copy in (inputs) or out (output).
+  bool input_resident[3] = {false, false, false};
+  bool output_resident = false;
 };
 
 // Where one call's time went, in microseconds (see fusebox.v1.Timing).
@@ -63,6 +69,15 @@ struct BackendStats {
   int64_t device_memory_total = 0;  // bytes; 0 on the CPU backend
 };
 
+// Memory a backend holds for the tensor store: device memory on CUDA, host
+// memory on the CPU. Destroying it returns the memory to the backend.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,8 +87,28 @@ class Backend {
   // at once. `enqueued_ns` (steady clock) is when the request arrived.
   virtual void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) = 0;
   virtual BackendStats stats() const = 0;
+
+  // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes);
+  // Host <-> buffer copies, queued and run like calls (never on the caller's
+  // thread); `done` gets copy_in_us (write) or copy_out_us (read).
+  virtual void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,
+                           int64_t enqueued_ns, OpDone done);
+  virtual void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes,
+                          int64_t enqueued_ns, OpDone done);
   // Stops taking calls, finishes the queued ones, joins threads. Idempotent.
   virtual void Shutdown() = 0;
 };
+
+// Defaults for backends without resident memory.
+inline absl::StatusOr<std::unique_ptr<Buffer>> Backend::Allocate(size_t) {
+  return absl::UnimplementedError(name() + " backend cannot hold tensors");
+}
+inline void Backend::SubmitWrite(Buffer*, size_t, const void*, size_t, int64_t, OpDone done) {
+  done(absl::UnimplementedError(name() + " backend cannot hold tensors"), OpTiming{});
+}
+inline void Backend::SubmitRead(const Buffer*, size_t, void*, size_t, int64_t, OpDone done) {
+  done(absl::UnimplementedError(name() + " backend cannot hold tensors"), OpTiming{});
+}
 
 }  // namespace fusebox

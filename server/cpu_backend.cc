@@ -1,10 +1,14 @@
 // CpuBackend: runs OpCalls with kernels/cpu on a WorkQueue. Copies are zero:
 // kernels read the request's bytes and write the response's bytes in place.
+// Resident buffers are host memory, so a resident operand is used in place too.
 #include "server/cpu_backend.h"
 
 #include <chrono>
+#include <cstring>
+#include <new>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
 #include "server/work_queue.h"
 
@@ -39,25 +43,42 @@ class CpuBackend final : public Backend {
   std::string device() const override { return "cpu"; }
 
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
-    // `done` is moved into the job only when the push succeeds.
-    auto shared_done = std::make_shared<OpDone>(std::move(done));
-    const bool queued = queue_.TryPush([call, enqueued_ns, shared_done](int worker) {
-      OpTiming t;
-      t.stream = worker;
+    Enqueue(enqueued_ns, std::move(done), [call](OpTiming* t) {
       const int64_t start = NowNs();
       absl::Status s = RunOnCpu(call);
-      const int64_t end = NowNs();
-      t.queue_us = (start - enqueued_ns) / 1e3;
-      t.kernel_us = (end - start) / 1e3;
-      t.total_us = (end - enqueued_ns) / 1e3;
-      (*shared_done)(std::move(s), t);
+      t->kernel_us = (NowNs() - start) / 1e3;
+      return s;
     });
-    if (!queued) {
-      (*shared_done)(queue_.stopping()
-                         ? absl::UnavailableError("the server is shutting down")
-                         : absl::ResourceExhaustedError("the CPU backend's queue is full; retry later"),
-                     OpTiming{});
+  }
+
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    std::unique_ptr<uint8_t[]> mem(new (std::nothrow) uint8_t[bytes == 0 ? 1 : bytes]);
+    if (!mem) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the CPU backend could not allocate ", bytes, " bytes"));
     }
+    return std::unique_ptr<Buffer>(new HostBuffer(std::move(mem), bytes));
+  }
+
+  void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
+                   OpDone done) override {
+    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+      const int64_t start = NowNs();
+      std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
+      t->copy_in_us = (NowNs() - start) / 1e3;
+      return absl::OkStatus();
+    });
+  }
+
+  void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
+                  OpDone done) override {
+    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+      const int64_t start = NowNs();
+      std::memcpy(dst, static_cast<const uint8_t*>(src->data()) + offset,
+                  bytes);
+      t->copy_out_us = (NowNs() - start) / 1e3;
+      return absl::OkStatus();
+    });
   }
 
   BackendStats stats() const override {
@@ -71,6 +92,38 @@ class CpuBackend final : public Backend {
   void Shutdown() override { queue_.Shutdown(); }
 
  private:
+  class HostBuffer final : public Buffer {
+   public:
+    HostBuffer(std::unique_ptr<uint8_t[]> mem, size_t size) : mem_(std::move(mem)), size_(size) {}
+    void* data() const override { return mem_.get(); }
+    size_t size() const override { return size_; }
+
+   private:
+    std::unique_ptr<uint8_t[]> mem_;
+    size_t size_;
+  };
+
+  // Runs `work` on a worker; fills queue and total time around it.
+  template <typename Work>
+  void Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
+    // `done` is moved into the job only when the push succeeds.
+    auto shared_done = std::make_shared<OpDone>(std::move(done));
+    const bool queued = queue_.TryPush([enqueued_ns, shared_done, work](int worker) {
+      OpTiming t;
+      t.stream = worker;
+      t.queue_us = (NowNs() - enqueued_ns) / 1e3;
+      absl::Status s = work(&t);
+      t.total_us = (NowNs() - enqueued_ns) / 1e3;
+      (*shared_done)(std::move(s), t);
+    });
+    if (!queued) {
+      (*shared_done)(queue_.stopping()
+                         ? absl::UnavailableError("the server is shutting down")
+                         : absl::ResourceExhaustedError("the CPU backend's queue is full; retry later"),
+                     OpTiming{});
+    }
+  }
+
   WorkQueue queue_;
 };
 

@@ -37,6 +37,17 @@ ABSL_FLAG(double, drain_seconds, kDefaults.drain_seconds,
           "on SIGTERM/SIGINT: seconds in-flight calls get to finish");
 ABSL_FLAG(std::string, metrics_address, "",
           "host:port to serve Prometheus /metrics on; empty = off");
+ABSL_FLAG(std::string, token_file, "",
+          "file of `token tenant` lines; callers send `authorization: Bearer <token>`. "
+          "Empty = open server, every caller is tenant 'anonymous'");
+ABSL_FLAG(int64_t, store_budget_mib, 0,
+          "memory for tensors held by handle, all tenants; 0 = 90% of free GPU memory "
+          "(CPU backend: half the RAM)");
+ABSL_FLAG(int64_t, tenant_quota_mib, 0, "memory for held tensors per tenant; 0 = the budget");
+ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
+          "largest tensor Upload accepts, MiB");
+ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
+          "held tensors unused this long are freed; 0 = never");
 
 int main(int argc, char** argv) {
   fusebox::BlockShutdownSignals();  // before gRPC or the backend start threads
@@ -70,6 +81,11 @@ int main(int argc, char** argv) {
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.store_budget_bytes = absl::GetFlag(FLAGS_store_budget_mib) << 20;
+  o.tenant_quota_bytes = absl::GetFlag(FLAGS_tenant_quota_mib) << 20;
+  o.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_mib) << 20;
+  o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
 
   std::string bad;
   if (impl == "cublaslt") {
@@ -83,6 +99,10 @@ int main(int argc, char** argv) {
   if (o.backend.cpu.queue_capacity < 1) bad = "--queue_capacity must be >= 1";
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
   if (o.drain_seconds < 0) bad = "--drain_seconds must be >= 0";
+  if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0 ||
+      o.idle_expiry_seconds < 0) {
+    bad = "--store_budget_mib, --tenant_quota_mib, --max_tensor_mib and --idle_expiry_s must be >= 0";
+  }
   if (!bad.empty()) {
     std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
     return 2;

@@ -18,66 +18,65 @@ namespace {
 
 absl::Status Invalid(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 
-std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
+template <typename Shape>
+std::string ShapeString(const Shape& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
-// A checked view of one inline tensor argument.
+// A checked view of one tensor argument, inline or resident.
 struct TensorArg {
-  DType dtype;
+  DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   int64_t elements = 1;
   const void* data = nullptr;
   int64_t bytes = 0;
+  bool resident = false;
 };
 
-absl::StatusOr<TensorArg> CheckArg(const v1::TensorRef& ref, bool present, const char* name) {
+absl::StatusOr<TensorArg> CheckArg(const v1::TensorRef& ref, bool present, const char* name,
+                                   const RequestContext& ctx, PreparedCall* p) {
   if (!present || ref.ref_case() == v1::TensorRef::REF_NOT_SET) {
-    return Invalid(absl::StrCat(name, " is missing: set ", name, ".tensor"));
-  }
-  if (ref.ref_case() == v1::TensorRef::kHandle) {
-    return absl::UnimplementedError(absl::StrCat(
-        name, ".handle: tensor handles are not served yet; send the tensor inline"));
-  }
-  const v1::Tensor& t = ref.tensor();
-  if (t.dtype() == v1::DTYPE_UNSPECIFIED) {
-    return Invalid(absl::StrCat(name, ".dtype is unspecified: use FLOAT32, FLOAT16 or BFLOAT16"));
-  }
-  if (t.dtype() != v1::FLOAT32 && t.dtype() != v1::FLOAT16 && t.dtype() != v1::BFLOAT16) {
-    return Invalid(absl::StrCat(name, ".dtype ", static_cast<int>(t.dtype()),
-                                " is unknown: use FLOAT32, FLOAT16 or BFLOAT16"));
+    return Invalid(absl::StrCat(name, " is missing: set ", name, ".tensor or ", name, ".handle"));
   }
   TensorArg arg;
-  arg.dtype = static_cast<DType>(t.dtype());
-  const int64_t esize = static_cast<int64_t>(ElementSize(arg.dtype));
-  for (int i = 0; i < t.shape_size(); ++i) {
-    const int64_t d = t.shape(i);
-    if (d < 0) {
-      return Invalid(absl::StrCat(name, ".shape[", i, "] = ", d, " is negative (shape ",
-                                  ShapeString(t.shape()), ")"));
+  if (ref.ref_case() == v1::TensorRef::kHandle) {
+    if (ctx.store == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat(name, ".handle: this server holds no tensors; send the tensor inline"));
     }
-    arg.shape.push_back(d);
+    auto t = ctx.store->Get(ctx.tenant, ref.handle());
+    if (!t.ok()) return t.status();
+    arg.dtype = (*t)->dtype;
+    arg.shape = (*t)->shape;
+    arg.bytes = (*t)->bytes;
+    arg.elements = arg.bytes / static_cast<int64_t>(ElementSize(arg.dtype));
+    arg.data = (*t)->buffer->data();
+    arg.resident = true;
+    p->held.push_back(*std::move(t));
+    return arg;
   }
-  // Overflow is checked on the byte count so any size that passes fits in int64.
-  int64_t bytes = esize;
-  bool zero = false;
-  for (int64_t d : arg.shape) {
-    if (d == 0) zero = true;
-    if (!zero && __builtin_mul_overflow(bytes, d, &bytes)) {
-      return Invalid(absl::StrCat(name, ".shape ", ShapeString(t.shape()),
-                                  " has more elements than fit in 64 bits"));
-    }
-  }
-  if (zero) bytes = 0;
-  arg.bytes = bytes;
-  arg.elements = bytes / esize;
-  if (static_cast<int64_t>(t.data().size()) != bytes) {
+  const v1::Tensor& t = ref.tensor();
+  auto dtype = CheckedDType(t.dtype(), name);
+  if (!dtype.ok()) return dtype.status();
+  auto bytes = CheckedBytes(*dtype, t.shape(), name);
+  if (!bytes.ok()) return bytes.status();
+  arg.dtype = *dtype;
+  arg.shape.assign(t.shape().begin(), t.shape().end());
+  arg.bytes = *bytes;
+  arg.elements = *bytes / static_cast<int64_t>(ElementSize(*dtype));
+  if (static_cast<int64_t>(t.data().size()) != *bytes) {
     return Invalid(absl::StrCat(name, ".data has ", t.data().size(), " bytes but shape ",
-                                ShapeString(t.shape()), " of ", DTypeName(arg.dtype), " needs ",
-                                bytes));
+                                ShapeString(t.shape()), " of ", DTypeName(*dtype), " needs ",
+                                *bytes));
   }
   arg.data = t.data().data();
+  p->bytes_in += *bytes;
   return arg;
+}
+
+void SetInput(int i, const TensorArg& a, PreparedCall* p) {
+  p->call.inputs[i] = a.data;
+  p->call.input_resident[i] = a.resident;
 }
 
 absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
@@ -87,14 +86,28 @@ absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
   return absl::OkStatus();
 }
 
-// Shapes the output tensor and points the call at its bytes.
+// Shapes the output (inline in `out`, or a new resident tensor when kept) and
+// points the call at its bytes.
 absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t elements,
-                         const RequestLimits& limits, v1::Tensor* out, PreparedCall* p) {
+                         bool keep, const RequestContext& ctx, v1::Tensor* out, PreparedCall* p) {
   const int64_t bytes = elements * static_cast<int64_t>(ElementSize(dtype));
-  if (bytes > limits.max_output_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("the output would be ", bytes,
-                                                     " bytes, over this server's limit of ",
-                                                     limits.max_output_bytes));
+  p->trivial = elements == 0;
+  if (keep) {
+    if (ctx.store == nullptr) {
+      return absl::UnimplementedError("keep_on_server: this server holds no tensors");
+    }
+    auto t = ctx.store->Create(ctx.tenant, dtype, shape);
+    if (!t.ok()) return t.status();
+    p->kept_output = *std::move(t);
+    p->call.output = p->kept_output->buffer->data();
+    p->call.output_bytes = static_cast<size_t>(bytes);
+    p->call.output_resident = true;
+    return absl::OkStatus();
+  }
+  if (bytes > ctx.limits.max_output_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the output would be ", bytes, " bytes, over this server's limit of ",
+        ctx.limits.max_output_bytes, " for inline results; keep it on the server and Download it"));
   }
   out->set_dtype(static_cast<v1::DType>(dtype));
   for (int64_t d : shape) out->add_shape(d);
@@ -102,23 +115,32 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
   p->call.output = out->mutable_data()->data();
   p->call.output_bytes = static_cast<size_t>(bytes);
   p->bytes_out = bytes;
-  p->trivial = elements == 0;
   return absl::OkStatus();
 }
 
-absl::StatusOr<PreparedCall> PrepareUnary(Op op, const v1::TensorRef& input, bool has_input,
-                                          const RequestLimits& limits, v1::Tensor* out) {
-  auto a = CheckArg(input, has_input, "input");
-  if (!a.ok()) return a.status();
+// The host buffer a trivial (nothing-to-compute) result is written into.
+void* TrivialOutput(PreparedCall* p) {
+  if (!p->call.output_resident) return p->call.output;
+  p->trivial_bytes.assign(p->call.output_bytes, '\0');
+  return p->trivial_bytes.data();
+}
+
+template <typename Req>
+absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestContext& ctx,
+                                          v1::Tensor* out) {
   PreparedCall p;
+  auto a = CheckArg(req.input(), req.has_input(), "input", ctx, &p);
+  if (!a.ok()) return a.status();
+  const bool keep = req.output_options().keep_on_server();
   p.call.op = op;
   p.call.dtype = a->dtype;
-  p.call.inputs[0] = a->data;
-  p.bytes_in = a->bytes;
+  SetInput(0, *a, &p);
   if (op == Op::kGelu) {
     p.call.rows = 1;
     p.call.cols = a->elements;
-    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, limits, out, &p); !s.ok()) return s;
+    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) {
+      return s;
+    }
     return p;
   }
   if (auto s = NeedRankAtLeast1(*a, OpName(op)); !s.ok()) return s;
@@ -126,7 +148,9 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const v1::TensorRef& input, boo
   p.call.cols = cols;
   p.call.rows = cols == 0 ? 0 : a->elements / cols;
   if (op == Op::kSoftmax) {
-    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, limits, out, &p); !s.ok()) return s;
+    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) {
+      return s;
+    }
     return p;
   }
   // RowSum: float32 output without the last axis.
@@ -134,9 +158,9 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const v1::TensorRef& input, boo
   int64_t rows = 1;
   for (int64_t d : oshape) rows *= d;
   p.call.rows = rows;
-  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, limits, out, &p); !s.ok()) return s;
+  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p); !s.ok()) return s;
   if (cols == 0) {  // empty sums are zero
-    std::memset(p.call.output, 0, p.call.output_bytes);
+    std::memset(TrivialOutput(&p), 0, p.call.output_bytes);
     p.trivial = true;
   }
   return p;
@@ -144,26 +168,61 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const v1::TensorRef& input, boo
 
 }  // namespace
 
-absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestLimits& limits,
+absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what) {
+  if (dtype == v1::DTYPE_UNSPECIFIED) {
+    return Invalid(absl::StrCat(what, ".dtype is unspecified: use FLOAT32, FLOAT16 or BFLOAT16"));
+  }
+  if (dtype != v1::FLOAT32 && dtype != v1::FLOAT16 && dtype != v1::BFLOAT16) {
+    return Invalid(absl::StrCat(what, ".dtype ", static_cast<int>(dtype),
+                                " is unknown: use FLOAT32, FLOAT16 or BFLOAT16"));
+  }
+  return static_cast<DType>(dtype);
+}
+
+absl::StatusOr<int64_t> CheckedBytes(DType dtype,
+                                     const google::protobuf::RepeatedField<int64_t>& shape,
+                                     const char* what) {
+  for (int i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return Invalid(absl::StrCat(what, ".shape[", i, "] = ", shape[i], " is negative (shape ",
+                                  ShapeString(shape), ")"));
+    }
+  }
+  // Overflow is checked on the byte count so any size that passes fits in int64.
+  int64_t bytes = static_cast<int64_t>(ElementSize(dtype));
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      return Invalid(absl::StrCat(what, ".shape ", ShapeString(shape),
+                                  " has more elements than fit in 64 bits"));
+    }
+  }
+  return bytes;
+}
+
+absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestContext& ctx,
                                          v1::Tensor* out) {
-  return PrepareUnary(Op::kGelu, req.input(), req.has_input(), limits, out);
+  return PrepareUnary(Op::kGelu, req, ctx, out);
 }
 
 absl::StatusOr<PreparedCall> PrepareSoftmax(const v1::SoftmaxRequest& req,
-                                            const RequestLimits& limits, v1::Tensor* out) {
-  return PrepareUnary(Op::kSoftmax, req.input(), req.has_input(), limits, out);
+                                            const RequestContext& ctx, v1::Tensor* out) {
+  return PrepareUnary(Op::kSoftmax, req, ctx, out);
 }
 
 absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
-                                           const RequestLimits& limits, v1::Tensor* out) {
-  return PrepareUnary(Op::kRowSum, req.input(), req.has_input(), limits, out);
+                                           const RequestContext& ctx, v1::Tensor* out) {
+  return PrepareUnary(Op::kRowSum, req, ctx, out);
 }
 
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
-                                               const RequestLimits& limits, v1::Tensor* out) {
-  auto a = CheckArg(req.a(), req.has_a(), "a");
+                                               const RequestContext& ctx, v1::Tensor* out) {
+  PreparedCall p;
+  auto a = CheckArg(req.a(), req.has_a(), "a", ctx, &p);
   if (!a.ok()) return a.status();
-  auto b = CheckArg(req.b(), req.has_b(), "b");
+  auto b = CheckArg(req.b(), req.has_b(), "b", ctx, &p);
   if (!b.ok()) return b.status();
   if (a->shape.size() != 2 || b->shape.size() != 2) {
     return Invalid(absl::StrCat("MatmulRelu needs a [M,K] and b [K,N] of rank 2; got ranks ",
@@ -178,23 +237,21 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
     return Invalid(absl::StrCat("inner dimensions differ: a is [", m, ",", k, "] and b is [",
                                 b->shape[0], ",", n, "]"));
   }
-  PreparedCall p;
+  if (req.impl() != v1::MATMUL_IMPL_DEFAULT && req.impl() != v1::MATMUL_IMPL_CUBLASLT &&
+      req.impl() != v1::MATMUL_IMPL_TILED) {
+    return Invalid(absl::StrCat("impl ", static_cast<int>(req.impl()), " is unknown"));
+  }
   p.call.op = Op::kMatmulRelu;
   p.call.dtype = a->dtype;
   p.call.m = m;
   p.call.n = n;
   p.call.k = k;
-  p.call.inputs[0] = a->data;
-  p.call.inputs[1] = b->data;
+  SetInput(0, *a, &p);
+  SetInput(1, *b, &p);
   p.call.allow_tf32 = req.allow_tf32();
   p.call.matmul_impl = static_cast<MatmulImpl>(req.impl());
-  if (req.impl() != v1::MATMUL_IMPL_DEFAULT && req.impl() != v1::MATMUL_IMPL_CUBLASLT &&
-      req.impl() != v1::MATMUL_IMPL_TILED) {
-    return Invalid(absl::StrCat("impl ", static_cast<int>(req.impl()), " is unknown"));
-  }
-  p.bytes_in = a->bytes + b->bytes;
   if (req.has_bias()) {
-    auto bias = CheckArg(req.bias(), true, "bias");
+    auto bias = CheckArg(req.bias(), true, "bias", ctx, &p);
     if (!bias.ok()) return bias.status();
     if (bias->dtype != a->dtype) {
       return Invalid(absl::StrCat("bias is ", DTypeName(bias->dtype), " but a and b are ",
@@ -202,24 +259,29 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
     }
     if (bias->shape.size() != 1 || bias->shape[0] != n) {
       return Invalid(absl::StrCat("bias must have shape [", n, "] (N columns of b); got ",
-                                  ShapeString(req.bias().tensor().shape())));
+                                  ShapeString(bias->shape)));
     }
-    p.call.inputs[2] = bias->data;
-    p.bytes_in += bias->bytes;
+    SetInput(2, *bias, &p);
   }
   int64_t elements;
   if (__builtin_mul_overflow(m, n, &elements) ||
       elements > std::numeric_limits<int64_t>::max() / 4) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the output [", m, ",", n, "] is too large"));
+    return absl::ResourceExhaustedError(absl::StrCat("the output [", m, ",", n, "] is too large"));
   }
-  if (auto s = ShapeOutput(a->dtype, {m, n}, elements, limits, out, &p); !s.ok()) return s;
+  if (auto s = ShapeOutput(a->dtype, {m, n}, elements, req.output_options().keep_on_server(), ctx,
+                           out, &p);
+      !s.ok()) {
+    return s;
+  }
   if (k == 0 && elements > 0) {  // empty products: relu(bias) or zeros
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        float v = p.call.inputs[2] ? LoadAsFloat(a->dtype, p.call.inputs[2], j) : 0.0f;
-        StoreFromFloat(a->dtype, p.call.output, i * n + j, v > 0 || v != v ? v : 0.0f);
-      }
+    if (p.call.inputs[2] != nullptr && p.call.input_resident[2]) {
+      return absl::UnimplementedError("K = 0 with a bias held on the server; send the bias inline");
+    }
+    void* o = TrivialOutput(&p);
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = p.call.inputs[2] ? LoadAsFloat(a->dtype, p.call.inputs[2], j) : 0.0f;
+      const float r = (v > 0 || v != v) ? v : 0.0f;  // relu, NaN kept
+      for (int64_t i = 0; i < m; ++i) StoreFromFloat(a->dtype, o, i * n + j, r);
     }
     p.trivial = true;
   }

@@ -6,34 +6,57 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "fusebox/v1/kernel_service.pb.h"
 #include "server/backend.h"
+#include "server/tensor_store.h"
 
 namespace fusebox {
 
 struct RequestLimits {
-  int64_t max_output_bytes = int64_t{1} << 30;  // larger outputs: RESOURCE_EXHAUSTED
+  int64_t max_output_bytes = int64_t{1} << 30;  // larger inline outputs: RESOURCE_EXHAUSTED
 };
 
-// A validated call. `trivial` means there is nothing to compute (the output is
-// empty, or it is fully determined without the backend) and it is already
-// written; the backend is not involved.
+// Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.
+struct RequestContext {
+  RequestLimits limits;
+  TensorStore* store = nullptr;
+  std::string tenant = "anonymous";
+};
+
+// A validated call. `trivial` means there is nothing for the backend to
+// compute: the output is empty, or fully determined (zero-length sums); its
+// bytes are then in the inline output already, or in `trivial_bytes` when the
+// output is kept on the server.
 struct PreparedCall {
   OpCall call;
   bool trivial = false;
-  int64_t bytes_in = 0;
-  int64_t bytes_out = 0;
+  std::string trivial_bytes;
+  int64_t bytes_in = 0;   // inline input bytes
+  int64_t bytes_out = 0;  // inline output bytes
+  std::vector<std::shared_ptr<StoredTensor>> held;  // resident inputs, kept alive
+  std::shared_ptr<StoredTensor> kept_output;        // commit on success
 };
 
-absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestLimits& limits,
+// `out` receives the inline output tensor (shaped, sized), unless the request
+// keeps its output on the server; then kept_output is set instead.
+absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestContext& ctx,
                                          v1::Tensor* out);
 absl::StatusOr<PreparedCall> PrepareSoftmax(const v1::SoftmaxRequest& req,
-                                            const RequestLimits& limits, v1::Tensor* out);
+                                            const RequestContext& ctx, v1::Tensor* out);
 absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
-                                           const RequestLimits& limits, v1::Tensor* out);
+                                           const RequestContext& ctx, v1::Tensor* out);
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
-                                               const RequestLimits& limits, v1::Tensor* out);
+                                               const RequestContext& ctx, v1::Tensor* out);
+
+// The shape and byte size of a dtype/shape pair, checked (negative dims,
+// overflow) as for an inline tensor; `what` names it in messages.
+absl::StatusOr<int64_t> CheckedBytes(DType dtype, const google::protobuf::RepeatedField<int64_t>& shape,
+                                     const char* what);
+absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what);
 
 }  // namespace fusebox

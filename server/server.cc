@@ -1,19 +1,26 @@
-// RunServer: see server.h.
+// FuseboxServer and RunServer: see server.h.
 #include "server/server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
+#include "server/auth.h"
 #include "server/log.h"
+#include "server/metrics.h"
 #include "server/service.h"
 
 namespace fusebox {
@@ -26,47 +33,147 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-absl::Status RunServer(const ServerOptions& o) {
+namespace {
+
+StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
+  StoreLimits l;
+  l.budget_bytes = o.store_budget_bytes;
+  if (l.budget_bytes == 0) {
+    const BackendStats s = backend.stats();
+    if (s.device_memory_total > 0) {
+      l.budget_bytes = (s.device_memory_total - s.device_memory_used) / 10 * 9;
+    } else {
+      l.budget_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 2;
+    }
+  }
+  l.tenant_quota_bytes = o.tenant_quota_bytes == 0 ? l.budget_bytes : o.tenant_quota_bytes;
+  l.max_tensor_bytes = o.max_tensor_bytes;
+  l.idle_expiry_seconds = o.idle_expiry_seconds;
+  return l;
+}
+
+}  // namespace
+
+struct FuseboxServer::State {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<TensorStore> store;
+  Authenticator auth;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<KernelServiceImpl> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  // The expiry sweeper.
+  std::thread sweeper;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;
+};
+
+FuseboxServer::FuseboxServer(std::unique_ptr<State> state) : s_(std::move(state)) {}
+
+FuseboxServer::~FuseboxServer() { Shutdown(0); }
+
+int FuseboxServer::port() const { return s_->port; }
+const Backend& FuseboxServer::backend() const { return *s_->backend; }
+TensorStore& FuseboxServer::store() { return *s_->store; }
+
+absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const ServerOptions& o) {
   if (o.max_message_bytes <= 0 || o.max_message_bytes > INT_MAX) {
     return absl::InvalidArgumentError(
         absl::StrCat("--max_message_bytes must be in 1..", INT_MAX, " (gRPC's limit)"));
   }
   if (o.cpu_threads > 0) cpu::SetCpuThreads(o.cpu_threads);
+  auto s = std::make_unique<State>();
+
+  if (!o.token_file.empty()) {
+    auto auth = Authenticator::FromFile(o.token_file);
+    if (!auth.ok()) return auth.status();
+    s->auth = *std::move(auth);
+    Log("auth: %zu tenants from %s", s->auth.tenants(), o.token_file.c_str());
+  } else {
+    Log("auth: OPEN - no --token_file, every caller is tenant 'anonymous'");
+  }
 
   auto backend = CreateBackend(o.backend);
   if (!backend.ok()) return backend.status();
+  s->backend = *std::move(backend);
 
-  std::unique_ptr<Metrics> metrics;
+  const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
+  s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
+  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, idle expiry %.0f s",
+      static_cast<long long>(limits.budget_bytes >> 20),
+      static_cast<long long>(limits.tenant_quota_bytes >> 20), limits.idle_expiry_seconds);
+
   if (!o.metrics_address.empty()) {
-    auto m = Metrics::Start(o.metrics_address, backend->get());
+    auto m = Metrics::Start(o.metrics_address, s->backend.get());
     if (!m.ok()) return m.status();
-    metrics = std::move(*m);
+    s->metrics = *std::move(m);
+    TensorStore* store = s->store.get();
+    s->metrics->SetResidentTensorsSource([store] {
+      const StoreStats st = store->stats();
+      return ResidentTensors{st.count, st.bytes};
+    });
+    Log("metrics on http://%s/metrics", o.metrics_address.c_str());
   }
 
-  RequestLimits limits;
-  limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
-  KernelServiceImpl service(backend->get(), metrics.get(), limits);
+  RequestLimits request_limits;
+  request_limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
+  s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
+                                                   s->store.get(), &s->auth, request_limits);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &s->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) {
-    (*backend)->Shutdown();
+  builder.RegisterService(s->service.get());
+  s->server = builder.BuildAndStart();
+  if (!s->server || s->port == 0) {
+    s->backend->Shutdown();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.address));
   }
-  server->GetHealthCheckService()->SetServingStatus(true);
+  s->server->GetHealthCheckService()->SetServingStatus(true);
 
+  if (limits.idle_expiry_seconds > 0) {
+    const auto period = std::chrono::milliseconds(
+        std::clamp<int64_t>(static_cast<int64_t>(limits.idle_expiry_seconds * 250), 10, 10000));
+    State* st = s.get();
+    s->sweeper = std::thread([st, period] {
+      std::unique_lock<std::mutex> lock(st->mu);
+      while (!st->cv.wait_for(lock, period, [st] { return st->stopping; })) {
+        lock.unlock();
+        if (int n = st->store->ExpireIdle(); n > 0) Log("expired %d idle tensors", n);
+        lock.lock();
+      }
+    });
+  }
+  return std::unique_ptr<FuseboxServer>(new FuseboxServer(std::move(s)));
+}
+
+void FuseboxServer::Shutdown(double drain_seconds) {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    if (s_->stopping) return;
+    s_->stopping = true;
+  }
+  s_->cv.notify_all();
+  if (s_->sweeper.joinable()) s_->sweeper.join();
+  s_->server->GetHealthCheckService()->SetServingStatus(false);
+  const auto deadline = std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+  s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
+  s_->backend->Shutdown();
+}
+
+absl::Status RunServer(const ServerOptions& o) {
+  auto server = FuseboxServer::Start(o);
+  if (!server.ok()) return server.status();
   const std::string host = o.address.substr(0, o.address.rfind(':'));
-  std::printf("fusebox-server listening on %s:%d backend=%s device=\"%s\"\n", host.c_str(), port,
-              (*backend)->name().c_str(), (*backend)->device().c_str());
+  std::printf("fusebox-server listening on %s:%d backend=%s device=\"%s\"\n", host.c_str(),
+              (*server)->port(), (*server)->backend().name().c_str(),
+              (*server)->backend().device().c_str());
   std::fflush(stdout);
-  if (!o.metrics_address.empty()) Log("metrics on http://%s/metrics", o.metrics_address.c_str());
 
   sigset_t set;
   sigemptyset(&set);
@@ -75,13 +182,8 @@ absl::Status RunServer(const ServerOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   Log("%s: draining (up to %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.drain_seconds);
-
-  server->GetHealthCheckService()->SetServingStatus(false);
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(o.drain_seconds * 1000));
-  server->Shutdown(deadline);  // returns once every call has finished or been cancelled
-  (*backend)->Shutdown();
-  metrics.reset();
+  (*server)->Shutdown(o.drain_seconds);
+  server->reset();
   Log("stopped");
   return absl::OkStatus();
 }

@@ -1,13 +1,16 @@
-// Starts fusebox-server from its options and runs it until SIGTERM/SIGINT:
-// health goes NOT_SERVING, in-flight calls get `drain_seconds` to finish,
-// then the backend stops and RunServer returns.
+// fusebox-server assembled from its options: backend, tensor store, auth,
+// metrics, gRPC (KernelService + health + reflection). RunServer serves until
+// SIGTERM/SIGINT: health goes NOT_SERVING, in-flight calls get `drain_seconds`
+// to finish, then the backend stops. Tests use FuseboxServer in-process.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "server/backend_loader.h"
+#include "server/tensor_store.h"
 
 namespace fusebox {
 
@@ -18,6 +21,31 @@ struct ServerOptions {
   int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
   std::string metrics_address;            // host:port for /metrics; empty = off
+  std::string token_file;                 // `token tenant` lines; empty = open server
+  // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
+  // half the host's RAM on the CPU backend); a quota of 0 = the budget.
+  int64_t store_budget_bytes = 0;
+  int64_t tenant_quota_bytes = 0;
+  int64_t max_tensor_bytes = int64_t{8} << 30;
+  double idle_expiry_seconds = 3600;  // 0 = never
+};
+
+class FuseboxServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<FuseboxServer>> Start(const ServerOptions& options);
+  ~FuseboxServer();  // Shutdown(0) if still running
+
+  int port() const;
+  const Backend& backend() const;
+  TensorStore& store();
+  // Health NOT_SERVING, finish in-flight calls (cancelled after the grace),
+  // stop the backend. Idempotent.
+  void Shutdown(double drain_seconds);
+
+ private:
+  struct State;
+  explicit FuseboxServer(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
 };
 
 // Blocks until a shutdown signal has been handled. The caller must have

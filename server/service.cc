@@ -1,11 +1,15 @@
-// KernelServiceImpl: see service.h. One request's path: method -> Prepare*
-// (validate, shape the response's output in place) -> Backend::Submit ->
-// backend thread -> done callback -> timing + metrics -> Finish.
+// KernelServiceImpl: see service.h. One op request's path: method -> RunOp ->
+// Prepare* (validate, resolve handles, shape the output in place) ->
+// Backend::Submit -> backend thread -> done callback -> commit a kept output,
+// timing + metrics -> Finish.
 #include "server/service.h"
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/status_util.h"
 
 namespace fusebox {
@@ -28,93 +32,370 @@ void FillTiming(const OpTiming& t, const Backend& backend, v1::Timing* out) {
   out->set_stream(t.stream);
 }
 
+void FillInfo(const StoredTensor& t, v1::TensorInfo* out) {
+  out->set_handle(t.handle);
+  out->set_dtype(static_cast<v1::DType>(t.dtype));
+  for (int64_t d : t.shape) out->add_shape(d);
+  out->set_size_bytes(t.bytes);
+  out->set_created_unix_ms(t.created_unix_ms);
+  const int64_t idle_ms = (NowNs() - t.last_used_ns.load()) / 1000000;
+  out->set_last_used_unix_ms(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count() -
+      idle_ms);
+}
+
+absl::StatusOr<PreparedCall> Prepare(const v1::GeluRequest& r, const RequestContext& c,
+                                     v1::Tensor* o) {
+  return PrepareGelu(r, c, o);
+}
+absl::StatusOr<PreparedCall> Prepare(const v1::SoftmaxRequest& r, const RequestContext& c,
+                                     v1::Tensor* o) {
+  return PrepareSoftmax(r, c, o);
+}
+absl::StatusOr<PreparedCall> Prepare(const v1::RowSumRequest& r, const RequestContext& c,
+                                     v1::Tensor* o) {
+  return PrepareRowSum(r, c, o);
+}
+absl::StatusOr<PreparedCall> Prepare(const v1::MatmulReluRequest& r, const RequestContext& c,
+                                     v1::Tensor* o) {
+  return PrepareMatmulRelu(r, c, o);
+}
+
+constexpr int64_t kDefaultChunkBytes = 4 << 20;
+constexpr int64_t kMaxChunkBytes = 64 << 20;
+
 }  // namespace
 
-KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, RequestLimits limits)
-    : backend_(backend), metrics_(metrics), limits_(limits) {}
+KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
+                                     const Authenticator* auth, RequestLimits limits)
+    : backend_(backend), metrics_(metrics), store_(store), auth_(auth), limits_(limits) {}
 
-grpc::ServerUnaryReactor* KernelServiceImpl::Gelu(grpc::CallbackServerContext* ctx,
-                                                  const v1::GeluRequest* req,
-                                                  v1::GeluResponse* resp) {
-  const int64_t t0 = NowNs();
-  auto p = PrepareGelu(*req, limits_, resp->mutable_output()->mutable_tensor());
-  return Run(ctx, "Gelu", Op::kGelu, t0, std::move(p), resp->mutable_timing());
+absl::StatusOr<RequestContext> KernelServiceImpl::Context(
+    const grpc::CallbackServerContext& ctx) const {
+  auto tenant = auth_->TenantOf(ctx);
+  if (!tenant.ok()) return tenant.status();
+  RequestContext c;
+  c.limits = limits_;
+  c.store = store_;
+  c.tenant = *std::move(tenant);
+  return c;
 }
 
-grpc::ServerUnaryReactor* KernelServiceImpl::Softmax(grpc::CallbackServerContext* ctx,
-                                                     const v1::SoftmaxRequest* req,
-                                                     v1::SoftmaxResponse* resp) {
-  const int64_t t0 = NowNs();
-  auto p = PrepareSoftmax(*req, limits_, resp->mutable_output()->mutable_tensor());
-  return Run(ctx, "Softmax", Op::kSoftmax, t0, std::move(p), resp->mutable_timing());
-}
-
-grpc::ServerUnaryReactor* KernelServiceImpl::RowSum(grpc::CallbackServerContext* ctx,
-                                                    const v1::RowSumRequest* req,
-                                                    v1::RowSumResponse* resp) {
-  const int64_t t0 = NowNs();
-  auto p = PrepareRowSum(*req, limits_, resp->mutable_output()->mutable_tensor());
-  return Run(ctx, "RowSum", Op::kRowSum, t0, std::move(p), resp->mutable_timing());
-}
-
-grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerContext* ctx,
-                                                        const v1::MatmulReluRequest* req,
-                                                        v1::MatmulReluResponse* resp) {
-  const int64_t t0 = NowNs();
-  auto p = PrepareMatmulRelu(*req, limits_, resp->mutable_output()->mutable_tensor());
-  return Run(ctx, "MatmulRelu", Op::kMatmulRelu, t0, std::move(p), resp->mutable_timing());
-}
-
-grpc::ServerUnaryReactor* KernelServiceImpl::Run(grpc::CallbackServerContext* ctx,
-                                                 const char* method, Op op, int64_t arrived_ns,
-                                                 absl::StatusOr<PreparedCall> prepared,
-                                                 v1::Timing* timing) {
+template <typename Req>
+grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
+                                                   const char* method, Op op, const Req& req,
+                                                   v1::TensorRef* output, v1::Timing* timing) {
+  const int64_t arrived = NowNs();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
   record.method = method;
   record.op = op;
+  // Ends the call: one place for timing, metrics and Finish.
+  auto finish = [this, reactor, timing, output](CallRecord record, const absl::Status& s,
+                                                const OpTiming& t, PreparedCall* p) {
+    record.grpc_code = static_cast<int>(s.code());
+    if (s.ok()) {
+      if (p->kept_output) {
+        store_->Commit(p->kept_output);
+        output->set_handle(p->kept_output->handle);
+      }
+      FillTiming(t, *backend_, timing);
+      record.ran = true;
+      record.timing = t;
+    } else {
+      record.bytes_out = 0;
+    }
+    if (metrics_) {
+      metrics_->RecordCall(record);
+      metrics_->CallFinished();
+    }
+    reactor->Finish(ToGrpcStatus(s));
+  };
+
+  absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
+  if (auto c = Context(*ctx); !c.ok()) {
+    prepared = c.status();
+  } else {
+    prepared = Prepare(req, *c, output->mutable_tensor());
+  }
   if (!prepared.ok()) {
-    record.grpc_code = static_cast<int>(prepared.status().code());
-    if (metrics_) {
-      metrics_->RecordCall(record);
-      metrics_->CallFinished();
-    }
-    reactor->Finish(ToGrpcStatus(prepared.status()));
+    PreparedCall none;
+    finish(record, prepared.status(), OpTiming{}, &none);
     return reactor;
   }
-  record.dtype = prepared->call.dtype;
-  record.bytes_in = prepared->bytes_in;
-  record.bytes_out = prepared->bytes_out;
-  if (prepared->trivial) {
+  auto p = std::make_shared<PreparedCall>(*std::move(prepared));
+  record.dtype = p->call.dtype;
+  record.bytes_in = p->bytes_in;
+  record.bytes_out = p->bytes_out;
+  if (p->trivial && p->trivial_bytes.empty()) {
     OpTiming t;
-    t.total_us = (NowNs() - arrived_ns) / 1e3;
-    FillTiming(t, *backend_, timing);
-    record.ran = true;
-    record.timing = t;
-    if (metrics_) {
-      metrics_->RecordCall(record);
-      metrics_->CallFinished();
-    }
-    reactor->Finish(grpc::Status::OK);
+    t.total_us = (NowNs() - arrived) / 1e3;
+    finish(record, absl::OkStatus(), t, p.get());
     return reactor;
   }
-  backend_->Submit(prepared->call, arrived_ns,
-                   [this, reactor, timing, record](absl::Status s, const OpTiming& t) mutable {
-                     record.grpc_code = static_cast<int>(s.code());
-                     if (s.ok()) {
-                       FillTiming(t, *backend_, timing);
-                       record.ran = true;
-                       record.timing = t;
-                     } else {
-                       record.bytes_out = 0;
-                     }
-                     if (metrics_) {
-                       metrics_->RecordCall(record);
-                       metrics_->CallFinished();
-                     }
-                     reactor->Finish(ToGrpcStatus(s));
-                   });
+  auto done = [finish, record, p](absl::Status s, const OpTiming& t) {
+    finish(record, s, t, p.get());
+  };
+  if (p->trivial) {  // a kept output whose value needs no kernel: copy it in
+    backend_->SubmitWrite(p->kept_output->buffer.get(), 0, p->trivial_bytes.data(),
+                          p->trivial_bytes.size(), arrived, std::move(done));
+  } else {
+    backend_->Submit(p->call, arrived, std::move(done));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::Gelu(grpc::CallbackServerContext* ctx,
+                                                  const v1::GeluRequest* req,
+                                                  v1::GeluResponse* resp) {
+  return RunOp(ctx, "Gelu", Op::kGelu, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::Softmax(grpc::CallbackServerContext* ctx,
+                                                     const v1::SoftmaxRequest* req,
+                                                     v1::SoftmaxResponse* resp) {
+  return RunOp(ctx, "Softmax", Op::kSoftmax, *req, resp->mutable_output(),
+               resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::RowSum(grpc::CallbackServerContext* ctx,
+                                                    const v1::RowSumRequest* req,
+                                                    v1::RowSumResponse* resp) {
+  return RunOp(ctx, "RowSum", Op::kRowSum, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerContext* ctx,
+                                                        const v1::MatmulReluRequest* req,
+                                                        v1::MatmulReluResponse* resp) {
+  return RunOp(ctx, "MatmulRelu", Op::kMatmulRelu, *req, resp->mutable_output(),
+               resp->mutable_timing());
+}
+
+// Upload: header first, then each chunk is copied into the tensor's memory
+// through the backend (pinned staging -> device on CUDA) before the next chunk
+// is read, so host memory holds at most one chunk of the tensor at a time.
+// The tensor becomes visible (gets its handle) only after the last byte.
+class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
+      : svc_(svc), resp_(resp) {
+    auto c = svc_->Context(*ctx);
+    if (!c.ok()) {
+      Finish(ToGrpcStatus(c.status()));
+      return;
+    }
+    if (svc_->store_ == nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      return;
+    }
+    tenant_ = c->tenant;
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side, or the call broke
+      Complete();
+      return;
+    }
+    if (!tensor_) {
+      if (auto s = Begin(); !s.ok()) return Fail(s);
+    } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0) {
+      return Fail(absl::InvalidArgumentError("dtype and shape belong in the first message only"));
+    }
+    const int64_t n = static_cast<int64_t>(msg_.data().size());
+    if (written_ + n > tensor_->bytes) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("the upload sent more than the ", tensor_->bytes, " bytes its shape needs")));
+    }
+    if (n == 0) {
+      StartRead(&msg_);
+      return;
+    }
+    svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
+                                msg_.data().data(), static_cast<size_t>(n), NowNs(),
+                                [this, n](absl::Status s, const OpTiming&) {
+                                  if (!s.ok()) return Fail(s);
+                                  written_ += n;
+                                  StartRead(&msg_);
+                                });
+  }
+
+  void OnDone() override { delete this; }  // an uncommitted tensor is freed here
+
+ private:
+  absl::Status Begin() {
+    started_ns_ = NowNs();
+    auto dtype = CheckedDType(msg_.dtype(), "upload");
+    if (!dtype.ok()) return dtype.status();
+    auto bytes = CheckedBytes(*dtype, msg_.shape(), "upload");
+    if (!bytes.ok()) return bytes.status();
+    std::vector<int64_t> shape(msg_.shape().begin(), msg_.shape().end());
+    auto t = svc_->store_->Create(tenant_, *dtype, shape);
+    if (!t.ok()) return t.status();
+    tensor_ = *std::move(t);
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
+    if (written_ != tensor_->bytes) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "the upload ended after ", written_, " of ", tensor_->bytes, " bytes; nothing was kept")));
+    }
+    svc_->store_->Commit(tensor_);
+    FillInfo(*tensor_, resp_->mutable_tensor());
+    const double secs = (NowNs() - started_ns_) / 1e9;
+    resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    Finish(grpc::Status::OK);
+  }
+
+  void Fail(const absl::Status& s) {
+    tensor_.reset();  // frees memory and reservation
+    Finish(ToGrpcStatus(s));
+  }
+
+  KernelServiceImpl* const svc_;
+  v1::UploadResponse* const resp_;
+  std::string tenant_;
+  v1::UploadRequest msg_;
+  std::shared_ptr<StoredTensor> tensor_;
+  int64_t written_ = 0;
+  int64_t started_ns_ = 0;
+};
+
+grpc::ServerReadReactor<v1::UploadRequest>* KernelServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+  return new UploadReactor(this, ctx, resp);
+}
+
+// Download: header with the first chunk, then one chunk per message; each is
+// copied out of the tensor's memory by the backend before it is written.
+class KernelServiceImpl::DownloadReactor final
+    : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+ public:
+  DownloadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx,
+                  const v1::DownloadRequest* req)
+      : svc_(svc) {
+    auto c = svc_->Context(*ctx);
+    if (!c.ok()) {
+      Finish(ToGrpcStatus(c.status()));
+      return;
+    }
+    if (svc_->store_ == nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      return;
+    }
+    if (req->chunk_bytes() < 0) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
+      return;
+    }
+    chunk_ = req->chunk_bytes() == 0 ? kDefaultChunkBytes
+                                     : std::min<int64_t>(req->chunk_bytes(), kMaxChunkBytes);
+    auto t = svc_->store_->Get(c->tenant, req->handle());
+    if (!t.ok()) {
+      Finish(ToGrpcStatus(t.status()));
+      return;
+    }
+    tensor_ = *std::move(t);
+    FillInfo(*tensor_, msg_.mutable_tensor());
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
+      return;
+    }
+    msg_.clear_tensor();
+    if (sent_ == tensor_->bytes) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    Next();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  // Copies the next chunk out and writes it (the header alone for an empty tensor).
+  void Next() {
+    const int64_t n = std::min(chunk_, tensor_->bytes - sent_);
+    msg_.mutable_data()->resize(static_cast<size_t>(n));
+    if (n == 0) {
+      StartWrite(&msg_);
+      return;
+    }
+    svc_->backend_->SubmitRead(tensor_->buffer.get(), static_cast<size_t>(sent_),
+                               msg_.mutable_data()->data(), static_cast<size_t>(n), NowNs(),
+                               [this, n](absl::Status s, const OpTiming&) {
+                                 if (!s.ok()) {
+                                   Finish(ToGrpcStatus(s));
+                                   return;
+                                 }
+                                 sent_ += n;
+                                 StartWrite(&msg_);
+                               });
+  }
+
+  KernelServiceImpl* const svc_;
+  std::shared_ptr<StoredTensor> tensor_;  // held: a Free meanwhile cannot pull it away
+  v1::DownloadResponse msg_;
+  int64_t chunk_ = kDefaultChunkBytes;
+  int64_t sent_ = 0;
+};
+
+grpc::ServerWriteReactor<v1::DownloadResponse>* KernelServiceImpl::Download(
+    grpc::CallbackServerContext* ctx, const v1::DownloadRequest* req) {
+  return new DownloadReactor(this, ctx, req);
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerContext* ctx,
+                                                        const v1::FreeTensorRequest* req,
+                                                        v1::FreeTensorResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto c = Context(*ctx);
+  if (!c.ok()) {
+    reactor->Finish(ToGrpcStatus(c.status()));
+  } else if (store_ == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+  } else if (auto freed = store_->Free(c->tenant, req->handle()); !freed.ok()) {
+    reactor->Finish(ToGrpcStatus(freed.status()));
+  } else {
+    resp->set_freed_bytes(*freed);
+    reactor->Finish(grpc::Status::OK);
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListTensorsRequest* req,
+                                                         v1::ListTensorsResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto c = Context(*ctx);
+  if (!c.ok()) {
+    reactor->Finish(ToGrpcStatus(c.status()));
+    return reactor;
+  }
+  if (store_ == nullptr) {
+    reactor->Finish(grpc::Status::OK);  // nothing held
+    return reactor;
+  }
+  if (!req->handle().empty()) {
+    auto t = store_->Get(c->tenant, req->handle());
+    if (!t.ok()) {
+      reactor->Finish(ToGrpcStatus(t.status()));
+      return reactor;
+    }
+    FillInfo(**t, resp->add_tensors());
+  } else {
+    for (const auto& t : store_->List(c->tenant)) FillInfo(*t, resp->add_tensors());
+  }
+  resp->set_used_bytes(store_->TenantUsedBytes(c->tenant));
+  resp->set_quota_bytes(store_->limits().tenant_quota_bytes);
+  reactor->Finish(grpc::Status::OK);
   return reactor;
 }
 

@@ -1,21 +1,26 @@
-// fusebox.v1.KernelService on gRPC's callback API. Each method validates its
-// request (server/request.h), submits the call to the backend and returns; the
-// backend's thread finishes the RPC. No gRPC thread ever waits on compute.
+// fusebox.v1.KernelService on gRPC's callback API. Op methods validate their
+// request (server/request.h), submit the call to the backend and return; the
+// backend's thread finishes the RPC. Upload and Download stream chunks through
+// the backend's copy queue. No gRPC thread ever waits on compute or copies.
 #pragma once
 
 #include <cstdint>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
+#include "server/auth.h"
 #include "server/backend.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/tensor_store.h"
 
 namespace fusebox {
 
 class KernelServiceImpl final : public v1::KernelService::CallbackService {
  public:
-  // `metrics` may be null (no /metrics endpoint). Both must outlive this.
-  KernelServiceImpl(Backend* backend, Metrics* metrics, RequestLimits limits);
+  // `metrics` and `store` may be null (no /metrics; no resident tensors).
+  // All must outlive this.
+  KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
+                    const Authenticator* auth, RequestLimits limits);
 
   grpc::ServerUnaryReactor* Gelu(grpc::CallbackServerContext* ctx, const v1::GeluRequest* req,
                                  v1::GeluResponse* resp) override;
@@ -28,15 +33,32 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
                                        const v1::MatmulReluRequest* req,
                                        v1::MatmulReluResponse* resp) override;
 
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* ctx,
+                                                     v1::UploadResponse* resp) override;
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(grpc::CallbackServerContext* ctx,
+                                                           const v1::DownloadRequest* req) override;
+  grpc::ServerUnaryReactor* FreeTensor(grpc::CallbackServerContext* ctx,
+                                       const v1::FreeTensorRequest* req,
+                                       v1::FreeTensorResponse* resp) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
+                                        const v1::ListTensorsRequest* req,
+                                        v1::ListTensorsResponse* resp) override;
+
  private:
-  // Common tail of every op method: run `prepared` (or report why it can't
-  // run), fill `timing`, record metrics, finish the RPC.
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, const char* method, Op op,
-                                int64_t arrived_ns, absl::StatusOr<PreparedCall> prepared,
-                                v1::Timing* timing);
+  class UploadReactor;
+  class DownloadReactor;
+
+  // Who is calling and where their handles resolve, or UNAUTHENTICATED.
+  absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
+  // Validates and runs one op: the common body of the four op methods.
+  template <typename Req>
+  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const char* method, Op op,
+                                  const Req& req, v1::TensorRef* output, v1::Timing* timing);
 
   Backend* const backend_;
   Metrics* const metrics_;
+  TensorStore* const store_;
+  const Authenticator* const auth_;
   const RequestLimits limits_;
 };
 

@@ -40,7 +40,8 @@ void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string
       << "message '" << s.message() << "' should mention '" << needle << "'";
 }
 
-const RequestLimits kLimits;
+RequestContext MakeContext() { return RequestContext(); }
+const RequestContext kLimits = MakeContext();
 
 TEST(Request, ByteLengthNotMatchingShapeIsInvalid) {
   v1::Tensor t = MakeTensor(v1::FLOAT32, {2, 3});
@@ -167,17 +168,17 @@ TEST(Request, EmptyTensorRefIsInvalid) {
               "input is missing");
 }
 
-TEST(Request, HandleIsUnimplementedForNow) {
+TEST(Request, HandleWithoutStoreIsUnimplemented) {
   v1::GeluRequest r;
   r.mutable_input()->set_handle("t-123");
   v1::Tensor out;
   ExpectError(PrepareGelu(r, kLimits, &out).status(), absl::StatusCode::kUnimplemented,
-              "handles are not served yet");
+              "this server holds no tensors");
 }
 
 TEST(Request, OutputOverLimitIsResourceExhausted) {
-  RequestLimits small;
-  small.max_output_bytes = 1000;
+  RequestContext small;
+  small.limits.max_output_bytes = 1000;
   v1::Tensor out;
   // [1000,1] x [1,1000] is 8 KB in, 4 MB out.
   ExpectError(PrepareMatmulRelu(Matmul(MakeTensor(v1::FLOAT32, {1000, 1}),

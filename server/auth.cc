@@ -1,0 +1,59 @@
+// Authenticator: see auth.h.
+#include "server/auth.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace fusebox {
+
+absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read token file ", path));
+  Authenticator a;
+  a.open_ = false;
+  std::set<std::string> tenants;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::string token, tenant, extra;
+    if (!(fields >> token)) continue;  // blank
+    if (!(fields >> tenant) || (fields >> extra)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", n, ": expected `token tenant`"));
+    }
+    if (!a.tenant_by_token_.emplace(token, tenant).second) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ":", n, ": token listed twice"));
+    }
+    tenants.insert(tenant);
+  }
+  if (a.tenant_by_token_.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " lists no tokens"));
+  }
+  a.tenants_ = tenants.size();
+  return a;
+}
+
+absl::StatusOr<std::string> Authenticator::TenantOf(const grpc::ServerContextBase& ctx) const {
+  if (open_) return std::string("anonymous");
+  const auto& md = ctx.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("missing `authorization: Bearer <token>` metadata");
+  }
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::ConsumePrefix(&value, "Bearer ")) {
+    return absl::UnauthenticatedError("authorization metadata must be `Bearer <token>`");
+  }
+  auto found = tenant_by_token_.find(std::string(value));
+  if (found == tenant_by_token_.end()) return absl::UnauthenticatedError("unknown token");
+  return found->second;
+}
+
+}  // namespace fusebox

@@ -1,0 +1,409 @@
+// The service end to end in-process (real gRPC on a loopback port, CPU
+// backend): resident tensors (upload, download, chaining, free, expiry,
+// budget, quota, owners), bad requests, and that the server keeps serving.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "fusebox/v1/kernel_service.grpc.pb.h"
+#include "server/server.h"
+#include "tests/reference.h"
+
+namespace fusebox {
+namespace {
+
+using v1::KernelService;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(ServerOptions o) {
+    o.address = "127.0.0.1:0";
+    o.backend.kind = "cpu";
+    auto s = FuseboxServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    stub_ = KernelService::NewStub(channel_);
+  }
+  void SetUp() override {}
+  void TearDown() override {
+    if (server_) server_->Shutdown(5);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Ctx(const std::string& token = "") {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!token.empty()) c->AddMetadata("authorization", "Bearer " + token);
+    return c;
+  }
+
+  // Uploads `bytes` as float32 [n] in chunks; returns the status and handle.
+  grpc::Status Upload(const std::vector<uint8_t>& bytes, std::vector<int64_t> shape,
+                      v1::DType dtype, std::string* handle, const std::string& token = "",
+                      size_t chunk = 1 << 20) {
+    auto ctx = Ctx(token);
+    v1::UploadResponse resp;
+    auto w = stub_->Upload(ctx.get(), &resp);
+    v1::UploadRequest first;
+    first.set_dtype(dtype);
+    for (int64_t d : shape) first.add_shape(d);
+    size_t off = 0;
+    bool wrote_first = false;
+    do {
+      v1::UploadRequest m = wrote_first ? v1::UploadRequest() : first;
+      const size_t n = std::min(chunk, bytes.size() - off);
+      m.set_data(bytes.data() + off, n);
+      off += n;
+      wrote_first = true;
+      if (!w->Write(m)) break;
+    } while (off < bytes.size());
+    w->WritesDone();
+    grpc::Status s = w->Finish();
+    if (s.ok() && handle) *handle = resp.tensor().handle();
+    return s;
+  }
+
+  grpc::Status Download(const std::string& handle, std::string* data,
+                        const std::string& token = "", int64_t chunk = 0) {
+    auto ctx = Ctx(token);
+    v1::DownloadRequest req;
+    req.set_handle(handle);
+    req.set_chunk_bytes(chunk);
+    auto r = stub_->Download(ctx.get(), req);
+    v1::DownloadResponse m;
+    data->clear();
+    while (r->Read(&m)) data->append(m.data());
+    return r->Finish();
+  }
+
+  v1::ListTensorsResponse List(const std::string& token = "") {
+    auto ctx = Ctx(token);
+    v1::ListTensorsResponse resp;
+    EXPECT_TRUE(stub_->ListTensors(ctx.get(), v1::ListTensorsRequest(), &resp).ok());
+    return resp;
+  }
+
+  std::unique_ptr<FuseboxServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<KernelService::Stub> stub_;
+};
+
+std::vector<uint8_t> RandomFloats(int64_t n) {
+  return ref::RandomTensor(DType::kFloat32, n, -3, 3, std::random_device{}());
+}
+
+TEST_F(ServiceTest, UploadThenDownloadReturnsTheSameBytes) {
+  StartServer({});
+  const auto bytes = RandomFloats(1000003);  // ~4 MB: several odd-sized chunks
+  std::string h;
+  ASSERT_TRUE(Upload(bytes, {1000003}, v1::FLOAT32, &h, "", 1234567).ok());
+  std::string back;
+  ASSERT_TRUE(Download(h, &back, "", 999999).ok());
+  ASSERT_EQ(back.size(), bytes.size());
+  EXPECT_EQ(0, std::memcmp(back.data(), bytes.data(), bytes.size()));
+  auto l = List();
+  ASSERT_EQ(l.tensors_size(), 1);
+  EXPECT_EQ(l.tensors(0).size_bytes(), 4000012);
+  EXPECT_EQ(l.used_bytes(), 4000012);
+}
+
+TEST_F(ServiceTest, ConcurrentUploadsAllLand) {
+  StartServer({});
+  std::vector<std::thread> threads;
+  std::vector<std::string> handles(6);
+  std::vector<std::vector<uint8_t>> data(6);
+  for (int i = 0; i < 6; ++i) data[i] = RandomFloats(300000 + i);
+  for (int i = 0; i < 6; ++i) {
+    threads.emplace_back([&, i] {
+      EXPECT_TRUE(Upload(data[i], {300000 + i}, v1::FLOAT32, &handles[i], "", 100000).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 6; ++i) {
+    std::string back;
+    ASSERT_TRUE(Download(handles[i], &back).ok());
+    EXPECT_EQ(0, std::memcmp(back.data(), data[i].data(), data[i].size())) << i;
+  }
+}
+
+TEST_F(ServiceTest, CancelledUploadLeavesNothingBehind) {
+  StartServer({});
+  grpc::ClientContext ctx;
+  v1::UploadResponse resp;
+  auto w = stub_->Upload(&ctx, &resp);
+  v1::UploadRequest m;
+  m.set_dtype(v1::FLOAT32);
+  m.add_shape(1 << 20);
+  m.set_data(std::string(1 << 20, 'x'));
+  ASSERT_TRUE(w->Write(m));
+  ctx.TryCancel();
+  EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 100 && server_->store().TenantUsedBytes("anonymous") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+  EXPECT_EQ(List().tensors_size(), 0);
+}
+
+TEST_F(ServiceTest, ShortUploadIsInvalidAndLeavesNothing) {
+  StartServer({});
+  const auto bytes = RandomFloats(1000);
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub_->Upload(ctx.get(), &resp);
+  v1::UploadRequest m;
+  m.set_dtype(v1::FLOAT32);
+  m.add_shape(2000);  // promises twice what it sends
+  m.set_data(bytes.data(), bytes.size());
+  w->Write(m);
+  w->WritesDone();
+  grpc::Status s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("ended after 4000 of 8000 bytes"), std::string::npos);
+  EXPECT_EQ(List().tensors_size(), 0);
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+}
+
+TEST_F(ServiceTest, OversizedUploadIsInvalid) {
+  StartServer({});
+  std::string h;
+  std::vector<uint8_t> bytes(404);
+  grpc::Status s = Upload(bytes, {100}, v1::FLOAT32, &h);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(List().tensors_size(), 0);
+}
+
+TEST_F(ServiceTest, UploadOverBudgetIsResourceExhaustedAndKeepsWhatIsStored) {
+  ServerOptions o;
+  o.store_budget_bytes = 1 << 20;
+  StartServer(o);
+  std::string h1, h2;
+  const auto a = RandomFloats(200000);  // 800 KB
+  ASSERT_TRUE(Upload(a, {200000}, v1::FLOAT32, &h1).ok());
+  grpc::Status s = Upload(RandomFloats(100000), {100000}, v1::FLOAT32, &h2);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  std::string back;
+  ASSERT_TRUE(Download(h1, &back).ok());
+  EXPECT_EQ(0, std::memcmp(back.data(), a.data(), a.size()));
+}
+
+class TokenServiceTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    path_ = ::testing::TempDir() + "fusebox_tokens_" + std::to_string(getpid());
+    std::ofstream(path_) << "# token tenant\nsecret-a alice\nsecret-b bob\n";
+  }
+  void TearDown() override {
+    ServiceTest::TearDown();
+    std::remove(path_.c_str());
+  }
+  std::string path_;
+};
+
+TEST_F(TokenServiceTest, CallWithoutOrWithUnknownTokenIsUnauthenticated) {
+  ServerOptions o;
+  o.token_file = path_;
+  StartServer(o);
+  std::string h;
+  EXPECT_EQ(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h, "nope").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  auto ctx = Ctx();
+  v1::GeluRequest req;
+  v1::GeluResponse resp;
+  EXPECT_EQ(stub_->Gelu(ctx.get(), req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(TokenServiceTest, TenantCannotSeeUseDownloadOrFreeAnothersTensor) {
+  ServerOptions o;
+  o.token_file = path_;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h, "secret-a").ok());
+  const std::string missing = "t00000000000000000000000000000000";
+  std::string data;
+  grpc::Status theirs = Download(h, &data, "secret-b");
+  grpc::Status never = Download(missing, &data, "secret-b");
+  EXPECT_EQ(theirs.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(never.error_code(), grpc::StatusCode::NOT_FOUND);
+  std::string m1 = theirs.error_message(), m2 = never.error_message();
+  m1.replace(m1.find(h), h.size(), "H");
+  m2.replace(m2.find(missing), missing.size(), "H");
+  EXPECT_EQ(m1, m2);  // nothing tells bob the handle exists
+
+  auto ctx = Ctx("secret-b");
+  v1::GeluRequest req;
+  req.mutable_input()->set_handle(h);
+  v1::GeluResponse resp;
+  EXPECT_EQ(stub_->Gelu(ctx.get(), req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  auto fctx = Ctx("secret-b");
+  v1::FreeTensorRequest freq;
+  freq.set_handle(h);
+  v1::FreeTensorResponse fresp;
+  EXPECT_EQ(stub_->FreeTensor(fctx.get(), freq, &fresp).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(List("secret-b").tensors_size(), 0);
+  EXPECT_EQ(List("secret-a").tensors_size(), 1);  // alice still has it
+}
+
+TEST_F(TokenServiceTest, TenantQuotaIsResourceExhaustedForThatTenantOnly) {
+  ServerOptions o;
+  o.token_file = path_;
+  o.tenant_quota_bytes = 100000;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(20000), {20000}, v1::FLOAT32, &h, "secret-a").ok());
+  grpc::Status s = Upload(RandomFloats(10000), {10000}, v1::FLOAT32, &h, "secret-a");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("quota"), std::string::npos);
+  EXPECT_TRUE(Upload(RandomFloats(20000), {20000}, v1::FLOAT32, &h, "secret-b").ok());
+  EXPECT_EQ(List("secret-a").quota_bytes(), 100000);
+}
+
+TEST_F(ServiceTest, FreedHandleIsNotFoundInEveryUse) {
+  StartServer({});
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h).ok());
+  auto ctx = Ctx();
+  v1::FreeTensorRequest freq;
+  freq.set_handle(h);
+  v1::FreeTensorResponse fresp;
+  ASSERT_TRUE(stub_->FreeTensor(ctx.get(), freq, &fresp).ok());
+  EXPECT_EQ(fresp.freed_bytes(), 40);
+  std::string data;
+  EXPECT_EQ(Download(h, &data).error_code(), grpc::StatusCode::NOT_FOUND);
+  auto gctx = Ctx();
+  v1::SoftmaxRequest req;
+  req.mutable_input()->set_handle(h);
+  v1::SoftmaxResponse resp;
+  EXPECT_EQ(stub_->Softmax(gctx.get(), req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServiceTest, IdleTensorExpiresToNotFound) {
+  ServerOptions o;
+  o.idle_expiry_seconds = 0.3;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(900));
+  std::string data;
+  EXPECT_EQ(Download(h, &data).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+}
+
+TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
+  StartServer({});
+  const int64_t m = 37, k = 53, n = 129;
+  const uint64_t seed = std::random_device{}();
+  const auto a = ref::RandomTensor(DType::kFloat32, m * k, -1, 1, seed);
+  const auto b = ref::RandomTensor(DType::kFloat32, k * n, -1, 1, seed + 1);
+  std::string ha, hb;
+  ASSERT_TRUE(Upload(a, {m, k}, v1::FLOAT32, &ha).ok());
+  ASSERT_TRUE(Upload(b, {k, n}, v1::FLOAT32, &hb).ok());
+
+  v1::MatmulReluRequest mm;
+  mm.mutable_a()->set_handle(ha);
+  mm.mutable_b()->set_handle(hb);
+  mm.mutable_output_options()->set_keep_on_server(true);
+  v1::MatmulReluResponse mmr;
+  ASSERT_TRUE(stub_->MatmulRelu(Ctx().get(), mm, &mmr).ok());
+  ASSERT_TRUE(mmr.output().has_handle() || !mmr.output().handle().empty());
+  EXPECT_FALSE(mmr.output().has_tensor());
+
+  v1::SoftmaxRequest sm;
+  sm.mutable_input()->set_handle(mmr.output().handle());
+  sm.mutable_output_options()->set_keep_on_server(true);
+  v1::SoftmaxResponse smr;
+  ASSERT_TRUE(stub_->Softmax(Ctx().get(), sm, &smr).ok());
+
+  v1::RowSumRequest rs;
+  rs.mutable_input()->set_handle(smr.output().handle());
+  v1::RowSumResponse rsr;
+  ASSERT_TRUE(stub_->RowSum(Ctx().get(), rs, &rsr).ok());
+  ASSERT_EQ(rsr.output().tensor().shape_size(), 1);
+  ASSERT_EQ(rsr.output().tensor().shape(0), m);
+
+  // Reference: relu(a b) -> softmax -> row sum (each row sums to 1).
+  auto mmref = ref::MatmulRelu(DType::kFloat32, a.data(), b.data(), nullptr, m, n, k);
+  std::vector<float> mmf(mmref.begin(), mmref.end());
+  auto smref = ref::Softmax(DType::kFloat32, mmf.data(), m, n);
+  std::vector<float> smf(smref.begin(), smref.end());
+  auto rsref = ref::RowSum(DType::kFloat32, smf.data(), m, n);
+  auto cmp = ref::Compare(DType::kFloat32, rsr.output().tensor().data().data(), rsref, 1e-5);
+  EXPECT_TRUE(cmp.ok) << cmp.rel_error;
+  // The intermediates are held and downloadable.
+  std::string mid;
+  ASSERT_TRUE(Download(mmr.output().handle(), &mid).ok());
+  EXPECT_TRUE(ref::Compare(DType::kFloat32, mid.data(), mmref, 1e-5).ok);
+  EXPECT_EQ(List().tensors_size(), 4);
+}
+
+TEST_F(ServiceTest, FreeingWhileOpsReadTheTensorIsSafe) {
+  StartServer({});
+  const auto x = RandomFloats(1 << 18);
+  const auto want = ref::Gelu(DType::kFloat32, x.data(), 1 << 18);
+  for (int round = 0; round < 5; ++round) {
+    std::string h;
+    ASSERT_TRUE(Upload(x, {1 << 18}, v1::FLOAT32, &h).ok());
+    std::atomic<int> ok{0}, not_found{0};
+    std::vector<std::thread> readers;
+    for (int i = 0; i < 4; ++i) {
+      readers.emplace_back([&] {
+        for (int j = 0; j < 5; ++j) {
+          v1::GeluRequest req;
+          req.mutable_input()->set_handle(h);
+          v1::GeluResponse resp;
+          grpc::Status s = stub_->Gelu(Ctx().get(), req, &resp);
+          if (s.ok()) {
+            EXPECT_TRUE(ref::Compare(DType::kFloat32, resp.output().tensor().data().data(), want,
+                                     1e-5).ok);
+            ++ok;
+          } else {
+            EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+            ++not_found;
+          }
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 5));
+    v1::FreeTensorRequest freq;
+    freq.set_handle(h);
+    v1::FreeTensorResponse fresp;
+    EXPECT_TRUE(stub_->FreeTensor(Ctx().get(), freq, &fresp).ok());
+    for (auto& t : readers) t.join();
+    EXPECT_EQ(ok + not_found, 20);
+  }
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+}
+
+TEST_F(ServiceTest, BadRequestsGetClearErrorsAndTheServerKeepsServing) {
+  StartServer({});
+  v1::GeluRequest bad;
+  bad.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  bad.mutable_input()->mutable_tensor()->add_shape(3);
+  bad.mutable_input()->mutable_tensor()->set_data("12345");
+  v1::GeluResponse resp;
+  grpc::Status s = stub_->Gelu(Ctx().get(), bad, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("has 5 bytes"), std::string::npos);
+  v1::GeluRequest good;
+  good.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  good.mutable_input()->mutable_tensor()->add_shape(1);
+  const float one = 1.0f;
+  good.mutable_input()->mutable_tensor()->set_data(&one, 4);
+  ASSERT_TRUE(stub_->Gelu(Ctx().get(), good, &resp).ok());
+  float out;
+  std::memcpy(&out, resp.output().tensor().data().data(), 4);
+  EXPECT_NEAR(out, 0.8411920f, 1e-6);
+  EXPECT_EQ(resp.timing().backend(), "cpu");
+  EXPECT_GT(resp.timing().total_us(), 0);
+}
+
+}  // namespace
+}  // namespace fusebox
