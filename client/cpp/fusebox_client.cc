@@ -244,6 +244,7 @@ std::unique_ptr<Client> Client::Create(const std::string& target, Options option
   args.SetMaxSendMessageSize(options.max_message_bytes);
   // No transparent retries: they would hold (and may copy) large payloads.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  for (const auto& [key, value] : options.channel_args) args.SetInt(key, value);
   auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   return std::unique_ptr<Client>(new Client(std::move(channel), options));
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/channel.h>
@@ -79,6 +80,8 @@ class Client {
     int max_message_bytes = -1;
     // Sent as `authorization: Bearer <token>` when the server has a token file.
     std::string auth_token;
+    // Extra integer channel arguments, e.g. {"grpc.http2.lookahead_bytes", 1 << 24}.
+    std::vector<std::pair<std::string, int>> channel_args;
   };
 
   // Creates a channel to target ("host:port"). Does not wait for the server;

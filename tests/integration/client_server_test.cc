@@ -1,0 +1,400 @@
+// End to end: a real fusebox-server process (CPU backend, free port) called
+// through the C++ client. Every op and dtype against the fp64 reference on fresh
+// random inputs, health, bad inputs (INVALID_ARGUMENT, server keeps serving),
+// deadlines, concurrency, and a clean exit on SIGTERM.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include <grpcpp/client_context.h>
+
+#include "client/cpp/fusebox_client.h"
+#include "fusebox/v1/kernel_service.grpc.pb.h"
+#include "tests/integration/server_process.h"
+#include "tests/reference.h"
+
+namespace fusebox {
+namespace {
+
+using client::Client;
+using client::HostTensor;
+using testing::ServerProcess;
+
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+uint64_t FreshSeed() {
+  static std::random_device rd;
+  return (uint64_t{rd()} << 32) | rd();
+}
+
+int64_t Product(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+HostTensor Random(DType dt, std::vector<int64_t> shape, uint64_t seed, float lo = -4, float hi = 4) {
+  HostTensor t;
+  t.dtype = dt;
+  t.shape = std::move(shape);
+  auto bytes = ref::RandomTensor(dt, Product(t.shape), lo, hi, seed);
+  t.data.assign(bytes.begin(), bytes.end());
+  return t;
+}
+
+std::string Describe(DType dt, const std::vector<int64_t>& shape, uint64_t seed) {
+  std::string s = std::string(DTypeName(dt)) + " [";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "] seed " + std::to_string(seed);
+}
+
+class IntegrationTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new ServerProcess();
+    if (!server_->Start()) {
+      start_error_ = server_->error();
+      return;
+    }
+    client_ = Client::Create(server_->address()).release();
+    if (!client_->WaitForReady(std::chrono::seconds(10))) start_error_ = "client cannot connect";
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    client_ = nullptr;
+    if (server_) server_->Stop();
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(start_error_.empty()) << start_error_; }
+
+  // The server still answers a good call.
+  static void ExpectStillServing() {
+    auto r = client_->Gelu(HostTensor::FromFloats(DType::kFloat32, {2}, {1.0f, -1.0f}));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NEAR(r->output.ToFloats()[0], 0.841192f, 1e-5);
+  }
+
+  static void ExpectInvalid(const absl::StatusOr<client::OpResult>& r, const std::string& what) {
+    ASSERT_FALSE(r.ok()) << what << ": call succeeded";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << what << ": " << r.status();
+    EXPECT_FALSE(r.status().message().empty()) << what;
+    ExpectStillServing();
+  }
+
+  static ServerProcess* server_;
+  static Client* client_;
+  static std::string start_error_;
+};
+ServerProcess* IntegrationTest::server_ = nullptr;
+Client* IntegrationTest::client_ = nullptr;
+std::string IntegrationTest::start_error_;
+
+TEST_F(IntegrationTest, ServerAnnouncesCpuBackendAndPort) {
+  EXPECT_GT(server_->port(), 0);
+  EXPECT_NE(server_->first_line().find("backend=cpu"), std::string::npos) << server_->first_line();
+}
+
+TEST_F(IntegrationTest, HealthCheckReportsServing) {
+  auto h = client_->Health();
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(*h, client::HealthStatus::kServing);
+}
+
+TEST_F(IntegrationTest, GeluMatchesReferenceForEveryDtype) {
+  for (DType dt : kAllDTypes) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{1}, {3, 7}, {2, 3, 1000}, {65537}}) {
+      const uint64_t seed = FreshSeed();
+      SCOPED_TRACE(Describe(dt, shape, seed));
+      HostTensor in = Random(dt, shape, seed);
+      auto r = client_->Gelu(in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->output.dtype, dt);
+      EXPECT_EQ(r->output.shape, shape);
+      ASSERT_EQ(r->output.data.size(), in.data.size());
+      auto c = ref::Compare(dt, r->output.data.data(), ref::Gelu(dt, in.data.data(), Product(shape)),
+                            ref::DefaultTolerance(dt));
+      EXPECT_TRUE(c.ok) << "rel error " << c.rel_error << " first bad " << c.first_bad;
+    }
+  }
+}
+
+TEST_F(IntegrationTest, SoftmaxMatchesReferenceForEveryDtype) {
+  for (DType dt : kAllDTypes) {
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{1}, {1, 3}, {5, 1000}, {2, 2, 33}, {2, 65537}}) {
+      const uint64_t seed = FreshSeed();
+      SCOPED_TRACE(Describe(dt, shape, seed));
+      HostTensor in = Random(dt, shape, seed);
+      auto r = client_->Softmax(in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->output.dtype, dt);
+      EXPECT_EQ(r->output.shape, shape);
+      ASSERT_EQ(r->output.data.size(), in.data.size());
+      const int64_t cols = shape.back(), rows = Product(shape) / cols;
+      auto c = ref::Compare(dt, r->output.data.data(), ref::Softmax(dt, in.data.data(), rows, cols),
+                            ref::DefaultTolerance(dt));
+      EXPECT_TRUE(c.ok) << "rel error " << c.rel_error << " first bad " << c.first_bad;
+    }
+  }
+}
+
+TEST_F(IntegrationTest, RowSumMatchesReferenceAndReturnsFloat32) {
+  for (DType dt : kAllDTypes) {
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{7}, {1, 1}, {3, 1000}, {2, 3, 65537}}) {
+      const uint64_t seed = FreshSeed();
+      SCOPED_TRACE(Describe(dt, shape, seed));
+      HostTensor in = Random(dt, shape, seed);
+      auto r = client_->RowSum(in);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->output.dtype, DType::kFloat32);
+      const std::vector<int64_t> want_shape(shape.begin(), shape.end() - 1);
+      EXPECT_EQ(r->output.shape, want_shape);
+      const int64_t cols = shape.back(), rows = Product(shape) / cols;
+      ASSERT_EQ(r->output.data.size(), static_cast<size_t>(rows) * 4);
+      // Sums of uniform(-4, 4) values nearly cancel: compare against the sum of magnitudes.
+      auto want = ref::RowSum(dt, in.data.data(), rows, cols);
+      auto got = r->output.ToFloats();
+      for (int64_t i = 0; i < rows; ++i) {
+        double mag = 0;
+        for (int64_t j = 0; j < cols; ++j) mag += std::abs(LoadAsFloat(dt, in.data.data(), i * cols + j));
+        EXPECT_NEAR(got[i], want[i], 1e-5 * mag + 1e-6) << "row " << i;
+      }
+    }
+  }
+}
+
+TEST_F(IntegrationTest, MatmulReluMatchesReferenceWithAndWithoutBias) {
+  struct Case { int64_t m, k, n; bool bias; };
+  for (DType dt : kAllDTypes) {
+    for (Case cs : {Case{1, 1, 1, false}, Case{17, 33, 9, true}, Case{64, 128, 32, false},
+                    Case{5, 300, 70, true}}) {
+      const uint64_t seed = FreshSeed();
+      SCOPED_TRACE(Describe(dt, {cs.m, cs.k, cs.n}, seed) + (cs.bias ? " +bias" : ""));
+      HostTensor a = Random(dt, {cs.m, cs.k}, seed, -1, 1);
+      HostTensor b = Random(dt, {cs.k, cs.n}, seed + 1, -1, 1);
+      HostTensor bias = Random(dt, {cs.n}, seed + 2, -1, 1);
+      auto r = client_->MatmulRelu(a, b, cs.bias ? &bias : nullptr);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(r->output.dtype, dt);
+      EXPECT_EQ(r->output.shape, (std::vector<int64_t>{cs.m, cs.n}));
+      ASSERT_EQ(r->output.data.size(), static_cast<size_t>(cs.m * cs.n) * ElementSize(dt));
+      auto want = ref::MatmulRelu(dt, a.data.data(), b.data.data(), cs.bias ? bias.data.data() : nullptr,
+                                  cs.m, cs.n, cs.k);
+      auto c = ref::Compare(dt, r->output.data.data(), want, 4 * ref::DefaultTolerance(dt));
+      EXPECT_TRUE(c.ok) << "rel error " << c.rel_error << " first bad " << c.first_bad;
+    }
+  }
+}
+
+TEST_F(IntegrationTest, ResponsesCarryCpuTiming) {
+  auto r = client_->Gelu(Random(DType::kFloat32, {1000}, FreshSeed()));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->timing.backend, "cpu");
+  EXPECT_GT(r->timing.total_us, 0);
+  EXPECT_GE(r->timing.total_us, r->timing.kernel_us);
+  EXPECT_GT(r->timing.rpc_us, 0);
+}
+
+TEST_F(IntegrationTest, EmptyTensorsGiveEmptyOutputsOfTheRightShape) {
+  auto g = client_->Gelu(HostTensor{DType::kFloat16, {0, 5}, ""});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->output.shape, (std::vector<int64_t>{0, 5}));
+  EXPECT_TRUE(g->output.data.empty());
+
+  auto s = client_->Softmax(HostTensor{DType::kFloat32, {0, 4}, ""});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->output.shape, (std::vector<int64_t>{0, 4}));
+  EXPECT_TRUE(s->output.data.empty());
+
+  auto rs = client_->RowSum(HostTensor{DType::kBFloat16, {0, 4}, ""});
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  EXPECT_EQ(rs->output.shape, (std::vector<int64_t>{0}));
+  EXPECT_TRUE(rs->output.data.empty());
+
+  auto m = client_->MatmulRelu(HostTensor{DType::kFloat32, {0, 3}, ""},
+                               HostTensor::FromFloats(DType::kFloat32, {3, 2}, {1, 2, 3, 4, 5, 6}), nullptr);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->output.shape, (std::vector<int64_t>{0, 2}));
+  EXPECT_TRUE(m->output.data.empty());
+}
+
+TEST_F(IntegrationTest, LargeMessageRoundTrips) {
+  const uint64_t seed = FreshSeed();
+  HostTensor in = Random(DType::kFloat32, {4096, 1024}, seed);  // 16 MiB each way
+  auto r = client_->Gelu(in);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto c = ref::Compare(DType::kFloat32, r->output.data.data(),
+                        ref::Gelu(DType::kFloat32, in.data.data(), 4096 * 1024), 1e-6);
+  EXPECT_TRUE(c.ok) << "rel error " << c.rel_error << " seed " << seed;
+}
+
+TEST_F(IntegrationTest, ProtobufRequestPathGivesTheSameAnswer) {
+  client::Client::Options o;
+  o.request_path = client::RequestPath::kProtobuf;
+  auto pc = Client::Create(server_->address(), o);
+  HostTensor a = Random(DType::kBFloat16, {7, 5}, FreshSeed());
+  HostTensor b = Random(DType::kBFloat16, {5, 3}, FreshSeed());
+  HostTensor bias = Random(DType::kBFloat16, {3}, FreshSeed());
+  auto r1 = client_->MatmulRelu(a, b, &bias);
+  auto r2 = pc->MatmulRelu(a, b, &bias);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r1->output.data, r2->output.data);
+}
+
+TEST_F(IntegrationTest, ConcurrentCallersAllGetTheirOwnAnswers) {
+  constexpr int kThreads = 8, kCalls = 20;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &failures] {
+      for (int i = 0; i < kCalls; ++i) {
+        const float v = static_cast<float>(t * 100 + i);
+        auto r = client_->RowSum(HostTensor::FromFloats(DType::kFloat32, {1, 2}, {v, 1.0f}));
+        if (!r.ok() || r->output.ToFloats().at(0) != v + 1.0f) ++failures[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+}
+
+TEST_F(IntegrationTest, TinyDeadlineGivesDeadlineExceeded) {
+  HostTensor in = Random(DType::kFloat32, {16, 1024, 1024}, 1);  // 64 MiB
+  client::CallOptions o;
+  o.timeout = std::chrono::milliseconds(1);
+  auto r = client_->Gelu(in, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  ExpectStillServing();
+}
+
+// --- bad input: INVALID_ARGUMENT and the server keeps serving ------------------------------
+
+TEST_F(IntegrationTest, ByteLengthNotMatchingShapeIsInvalidArgument) {
+  ExpectInvalid(client_->Gelu(HostTensor{DType::kFloat32, {2, 3}, std::string(20, '\0')}),
+                "byte length");
+}
+
+TEST_F(IntegrationTest, UnspecifiedDtypeIsInvalidArgument) {
+  ExpectInvalid(client_->Gelu(HostTensor{static_cast<DType>(0), {2}, std::string(8, '\0')}),
+                "dtype unspecified");
+}
+
+TEST_F(IntegrationTest, UnknownDtypeIsInvalidArgument) {
+  ExpectInvalid(client_->Softmax(HostTensor{static_cast<DType>(42), {2}, std::string(8, '\0')}),
+                "dtype unknown");
+}
+
+TEST_F(IntegrationTest, NegativeDimIsInvalidArgument) {
+  ExpectInvalid(client_->Gelu(HostTensor{DType::kFloat32, {-2, 3}, std::string(24, '\0')}),
+                "negative dim");
+}
+
+TEST_F(IntegrationTest, OverflowingShapeIsInvalidArgument) {
+  const int64_t big = int64_t{1} << 40;
+  auto r = client_->Gelu(HostTensor{DType::kFloat32, {big, big}, std::string(16, '\0')});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().code() == absl::StatusCode::kInvalidArgument ||
+              r.status().code() == absl::StatusCode::kResourceExhausted)
+      << r.status();
+  ExpectStillServing();
+}
+
+TEST_F(IntegrationTest, RankZeroSoftmaxIsInvalidArgument) {
+  ExpectInvalid(client_->Softmax(HostTensor{DType::kFloat32, {}, std::string(4, '\0')}),
+                "rank 0 softmax");
+}
+
+TEST_F(IntegrationTest, RankZeroRowSumIsInvalidArgument) {
+  ExpectInvalid(client_->RowSum(HostTensor{DType::kFloat32, {}, std::string(4, '\0')}),
+                "rank 0 rowsum");
+}
+
+TEST_F(IntegrationTest, MatmulOfRankOneOperandIsInvalidArgument) {
+  ExpectInvalid(client_->MatmulRelu(HostTensor::FromFloats(DType::kFloat32, {3}, {1, 2, 3}),
+                                    HostTensor::FromFloats(DType::kFloat32, {3, 1}, {1, 2, 3}), nullptr),
+                "matmul rank 1");
+}
+
+TEST_F(IntegrationTest, MatmulInnerDimsThatDifferAreInvalidArgument) {
+  ExpectInvalid(client_->MatmulRelu(Random(DType::kFloat32, {2, 3}, 1), Random(DType::kFloat32, {4, 2}, 2),
+                                    nullptr),
+                "inner dims");
+}
+
+TEST_F(IntegrationTest, MatmulBiasOfWrongLengthIsInvalidArgument) {
+  HostTensor bias = Random(DType::kFloat32, {3}, 3);
+  ExpectInvalid(client_->MatmulRelu(Random(DType::kFloat32, {2, 3}, 1), Random(DType::kFloat32, {3, 2}, 2),
+                                    &bias),
+                "bias length");
+}
+
+TEST_F(IntegrationTest, MatmulOperandsOfMixedDtypesAreInvalidArgument) {
+  ExpectInvalid(client_->MatmulRelu(Random(DType::kFloat32, {2, 3}, 1), Random(DType::kFloat16, {3, 2}, 2),
+                                    nullptr),
+                "mixed dtypes");
+}
+
+TEST_F(IntegrationTest, MissingTensorIsInvalidArgument) {
+  auto stub = v1::KernelService::NewStub(client_->channel());
+  {
+    grpc::ClientContext ctx;
+    v1::GeluRequest req;  // no input at all
+    v1::GeluResponse resp;
+    grpc::Status s = stub->Gelu(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::MatmulReluRequest req;  // b missing
+    auto* a = req.mutable_a()->mutable_tensor();
+    a->set_dtype(v1::FLOAT32);
+    a->add_shape(1);
+    a->add_shape(1);
+    a->set_data(std::string(4, '\0'));
+    v1::MatmulReluResponse resp;
+    grpc::Status s = stub->MatmulRelu(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  ExpectStillServing();
+}
+
+TEST_F(IntegrationTest, HandleArgumentIsNotServedYet) {
+  auto stub = v1::KernelService::NewStub(client_->channel());
+  grpc::ClientContext ctx;
+  v1::GeluRequest req;
+  req.mutable_input()->set_handle("no-such-handle");
+  v1::GeluResponse resp;
+  grpc::Status s = stub->Gelu(&ctx, req, &resp);
+  EXPECT_TRUE(s.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+              s.error_code() == grpc::StatusCode::NOT_FOUND)
+      << s.error_code() << " " << s.error_message();
+  ExpectStillServing();
+}
+
+// Uses its own server so the shared one is not disturbed.
+TEST(ServerLifecycleTest, SigtermDrainsAndExitsZero) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start()) << server.error();
+  auto c = Client::Create(server.address());
+  ASSERT_TRUE(c->WaitForReady(std::chrono::seconds(10)));
+  // A call in flight while SIGTERM arrives still completes (or is refused cleanly).
+  HostTensor big = Random(DType::kFloat32, {2048, 1024}, 5);
+  std::thread caller([&] {
+    auto r = c->Softmax(big);
+    if (!r.ok()) {
+      EXPECT_TRUE(r.status().code() == absl::StatusCode::kUnavailable ||
+                  r.status().code() == absl::StatusCode::kCancelled)
+          << r.status();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(server.Stop(std::chrono::seconds(30)), 0);
+  caller.join();
+}
+
+}  // namespace
+}  // namespace fusebox

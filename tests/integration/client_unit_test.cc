@@ -1,0 +1,157 @@
+// Client pieces that need no server: the hand-written request encoder matches
+// protobuf byte for byte, and .npy files parse / serialize / convert as documented.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "client/cpp/fusebox_client.h"
+#include "client/cpp/npy.h"
+#include "fusebox/v1/kernel_service.pb.h"
+
+namespace fusebox::client {
+namespace {
+
+std::string Flatten(const grpc::ByteBuffer& bb) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(bb.Dump(&slices).ok());
+  std::string out;
+  for (auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+void Fill(const HostTensor& t, v1::TensorRef* ref) {
+  auto* p = ref->mutable_tensor();
+  p->set_dtype(static_cast<v1::DType>(static_cast<int>(t.dtype)));
+  for (auto d : t.shape) p->add_shape(d);
+  p->set_data(t.data);
+}
+
+TEST(RequestEncoderTest, UnaryRequestMatchesProtobufBytes) {
+  for (HostTensor t : {HostTensor::FromFloats(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6}),
+                       HostTensor{DType::kFloat16, {0, 5}, ""},
+                       HostTensor{DType::kBFloat16, {}, std::string(2, 'x')},
+                       HostTensor{static_cast<DType>(0), {-3, 1 << 20}, std::string(300, 'y')}}) {
+    const HostTensor* ts[] = {&t};
+    v1::GeluRequest want;
+    Fill(t, want.mutable_input());
+    v1::GeluRequest got;
+    ASSERT_TRUE(got.ParseFromString(Flatten(EncodeRequestForTest(false, ts, 1, false, 0))));
+    EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+    EXPECT_EQ(Flatten(EncodeRequestForTest(false, ts, 1, false, 0)), want.SerializeAsString());
+  }
+}
+
+TEST(RequestEncoderTest, MatmulRequestMatchesProtobufBytes) {
+  HostTensor a = HostTensor::FromFloats(DType::kBFloat16, {2, 2}, {1, 2, 3, 4});
+  HostTensor b = HostTensor::FromFloats(DType::kBFloat16, {2, 1}, {5, 6});
+  HostTensor bias = HostTensor::FromFloats(DType::kBFloat16, {1}, {7});
+  const HostTensor* ts[] = {&a, &b, &bias};
+  for (int count : {2, 3}) {
+    v1::MatmulReluRequest want;
+    Fill(a, want.mutable_a());
+    Fill(b, want.mutable_b());
+    if (count == 3) Fill(bias, want.mutable_bias());
+    want.set_allow_tf32(true);
+    want.set_impl(v1::MATMUL_IMPL_TILED);
+    EXPECT_EQ(Flatten(EncodeRequestForTest(true, ts, count, true, 2)), want.SerializeAsString());
+  }
+}
+
+TEST(NpyTest, RoundTripsEveryRankThroughV1Header) {
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {5}, {2, 3}, {2, 0, 4}}) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    NpyArray a{"<f4", shape, std::string(static_cast<size_t>(n) * 4, '\x01')};
+    const std::string bytes = SerializeNpy(a);
+    EXPECT_EQ(bytes[6], 1);                       // version 1.0
+    const size_t hl = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
+    EXPECT_EQ((10 + hl) % 64, 0u);                // data aligned to 64 bytes
+    auto back = ParseNpy(bytes);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->descr, "<f4");
+    EXPECT_EQ(back->shape, shape);
+    EXPECT_EQ(back->data, a.data);
+  }
+}
+
+TEST(NpyTest, ReadsVersion2HeaderAsNumpyWritesIt) {
+  std::string dict = "{'descr': '<f2', 'fortran_order': False, 'shape': (2,), }";
+  dict.append(64 - (12 + dict.size() + 1) % 64, ' ');
+  dict += '\n';
+  std::string f = std::string("\x93NUMPY\x02\x00", 8);
+  const uint32_t hl = static_cast<uint32_t>(dict.size());
+  f.append(reinterpret_cast<const char*>(&hl), 4);
+  f += dict + std::string("\x00\x3c\x00\xc0", 4);  // 1.0, -2.0 in float16
+  auto a = ParseNpy(f);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto t = NpyToTensor(*a, std::nullopt);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dtype, DType::kFloat16);
+  EXPECT_EQ(t->ToFloats(), (std::vector<float>{1.0f, -2.0f}));
+}
+
+TEST(NpyTest, RejectsBadMagicFortranOrderBigEndianAndShortData) {
+  EXPECT_FALSE(ParseNpy("not an npy file at all").ok());
+  NpyArray a{"<f4", {2}, std::string(8, '\0')};
+  std::string good = SerializeNpy(a);
+  std::string fortran = good;
+  fortran.replace(fortran.find("False"), 5, "True ");
+  EXPECT_FALSE(ParseNpy(fortran).ok());
+  std::string big = good;
+  big.replace(big.find("<f4"), 3, ">f4");
+  EXPECT_FALSE(ParseNpy(big).ok());
+  EXPECT_FALSE(ParseNpy(good.substr(0, good.size() - 1)).ok());
+}
+
+TEST(NpyTest, Float64IsNarrowedAndUint16MeansBfloat16Bits) {
+  double d[2] = {1.5, -3.25};
+  NpyArray f8{"<f8", {2}, std::string(reinterpret_cast<char*>(d), 16)};
+  auto t = NpyToTensor(f8, std::nullopt);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dtype, DType::kFloat32);
+  EXPECT_EQ(t->ToFloats(), (std::vector<float>{1.5f, -3.25f}));
+
+  uint16_t bits[2] = {0x3fc0, 0xc050};  // 1.5, -3.25 in bfloat16
+  NpyArray u2{"<u2", {2}, std::string(reinterpret_cast<char*>(bits), 4)};
+  auto b = NpyToTensor(u2, std::nullopt);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->dtype, DType::kBFloat16);
+  EXPECT_EQ(b->ToFloats(), (std::vector<float>{1.5f, -3.25f}));
+
+  EXPECT_FALSE(NpyToTensor(NpyArray{"<i4", {1}, std::string(4, '\0')}, std::nullopt).ok());
+}
+
+TEST(NpyTest, RequestedDtypeConvertsAndBfloat16IsWrittenAsFloat32OrBits) {
+  NpyArray f4 = TensorToNpy(HostTensor::FromFloats(DType::kFloat32, {3}, {1.0f, 1.00390625f, -2.0f}));
+  auto t = NpyToTensor(f4, DType::kBFloat16);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->dtype, DType::kBFloat16);
+  EXPECT_EQ(t->data.size(), 6u);
+  EXPECT_EQ(t->ToFloats(), (std::vector<float>{1.0f, 1.0f, -2.0f}));  // ties to even
+
+  NpyArray as_f4 = TensorToNpy(*t);
+  EXPECT_EQ(as_f4.descr, "<f4");
+  EXPECT_EQ(as_f4.data.size(), 12u);
+  NpyArray as_bits = TensorToNpy(*t, /*bf16_bits=*/true);
+  EXPECT_EQ(as_bits.descr, "<u2");
+  EXPECT_EQ(as_bits.data, t->data);
+}
+
+TEST(HostTensorTest, NumElementsFlagsNegativeAndOverflowingShapes) {
+  EXPECT_EQ((HostTensor{DType::kFloat32, {}, ""}.NumElements()), 1);
+  EXPECT_EQ((HostTensor{DType::kFloat32, {3, 0}, ""}.NumElements()), 0);
+  EXPECT_EQ((HostTensor{DType::kFloat32, {-1, 2}, ""}.NumElements()), -1);
+  EXPECT_EQ((HostTensor{DType::kFloat32, {int64_t{1} << 40, int64_t{1} << 40}, ""}.NumElements()), -1);
+}
+
+TEST(DTypeNameTest, ParsesCanonicalNamesAndAliases) {
+  DType d;
+  EXPECT_TRUE(ParseDType("bfloat16", &d));
+  EXPECT_EQ(d, DType::kBFloat16);
+  EXPECT_TRUE(ParseDType("fp16", &d));
+  EXPECT_EQ(d, DType::kFloat16);
+  EXPECT_FALSE(ParseDType("int8", &d));
+}
+
+}  // namespace
+}  // namespace fusebox::client

@@ -1,0 +1,345 @@
+"""End to end through Python: a real fusebox-server (CPU backend, free port) called
+from the fusebox_client package and from the `fusebox` CLI on .npy files.
+
+Needs PYTHONPATH=<build>/python, FUSEBOX_SERVER_BIN and FUSEBOX_CLI_BIN (ctest sets
+all three; by default they are looked up under build/).
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from fusebox_client import (Client, FuseboxError, bfloat16_bits_to_float, float_to_bfloat16_bits)
+from fusebox.v1 import kernel_service_pb2 as pb
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_BIN = os.environ.get("FUSEBOX_SERVER_BIN", str(ROOT / "build/server/fusebox-server"))
+CLI_BIN = os.environ.get("FUSEBOX_CLI_BIN", str(ROOT / "build/client/fusebox"))
+DTYPES = ["float32", "float16", "bfloat16"]
+TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+class Server:
+    """A fusebox-server child process; always killed by stop()/kill()."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen(
+            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu"],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        line = []
+        reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(30)
+        if not line or not line[0]:
+            self.kill()
+            raise RuntimeError(f"{SERVER_BIN} did not announce its address")
+        self.first_line = line[0].decode()
+        m = re.search(r"listening on (\S+):(\d+)", self.first_line)
+        if not m:
+            self.kill()
+            raise RuntimeError(f"cannot parse server line: {self.first_line!r}")
+        self.address = f"127.0.0.1:{m.group(2)}"
+        # Keep draining stdout so the server never blocks writing to it.
+        threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
+
+    def stop(self, timeout=30):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server()
+    yield s
+    s.stop()
+    s.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with Client(server.address, timeout=30) as c:
+        assert c.wait_for_ready(10)
+        yield c
+
+
+def fresh_rng():
+    seed = int.from_bytes(os.urandom(8), "little")
+    return seed, np.random.default_rng(seed)
+
+
+def as_sent(x, dtype):
+    """The values the server sees for x sent as dtype, in float64."""
+    if dtype == "bfloat16":
+        return bfloat16_bits_to_float(float_to_bfloat16_bits(x)).astype(np.float64)
+    return x.astype(dtype).astype(np.float64)
+
+
+def gelu_ref(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def softmax_ref(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def rel_err(got, want):
+    got = np.asarray(got, dtype=np.float64)
+    return np.linalg.norm((got - want).ravel()) / max(np.linalg.norm(want.ravel()), 1e-30)
+
+
+def expect_still_serving(client):
+    y = client.gelu(np.array([1.0, -1.0], dtype=np.float32))
+    np.testing.assert_allclose(y, [0.841192, -0.158808], rtol=1e-5)
+
+
+# --- the ops -----------------------------------------------------------------------------
+
+def test_health_reports_serving(client):
+    assert client.health() == "SERVING"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_matches_numpy_reference(client, dtype):
+    for shape in [(1,), (3, 7), (2, 3, 1000), (65537,)]:
+        seed, rng = fresh_rng()
+        x = rng.uniform(-4, 4, shape).astype(np.float32)
+        if dtype == "float16":
+            x = x.astype(np.float16)
+        y = client.gelu(x, dtype=dtype)
+        assert y.shape == shape
+        assert y.dtype == (np.float16 if dtype == "float16" else np.float32)
+        assert rel_err(y, gelu_ref(as_sent(x, dtype))) < TOL[dtype], f"seed {seed} shape {shape}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_softmax_matches_numpy_reference(client, dtype):
+    for shape in [(1,), (1, 3), (5, 1000), (2, 2, 33), (2, 65537)]:
+        seed, rng = fresh_rng()
+        x = rng.uniform(-4, 4, shape).astype(np.float32)
+        y = client.softmax(x, dtype=dtype)
+        assert y.shape == shape
+        assert rel_err(y, softmax_ref(as_sent(x, dtype))) < TOL[dtype], f"seed {seed} shape {shape}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rowsum_matches_numpy_reference_in_float32(client, dtype):
+    for shape in [(7,), (1, 1), (3, 1000), (2, 3, 4097)]:
+        seed, rng = fresh_rng()
+        x = rng.uniform(-4, 4, shape).astype(np.float32)
+        y = client.rowsum(x, dtype=dtype)
+        assert y.dtype == np.float32
+        assert y.shape == shape[:-1]
+        sent = as_sent(x, dtype)
+        np.testing.assert_allclose(y, sent.sum(-1), rtol=0,
+                                   atol=1e-5 * np.abs(sent).sum(-1).max() + 1e-6,
+                                   err_msg=f"seed {seed} shape {shape}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_relu_matches_numpy_reference(client, dtype):
+    for m, k, n, with_bias in [(1, 1, 1, False), (17, 33, 9, True), (64, 128, 32, False)]:
+        seed, rng = fresh_rng()
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        bias = rng.uniform(-1, 1, n).astype(np.float32) if with_bias else None
+        y = client.matmul_relu(a, b, bias, dtype=dtype)
+        assert y.shape == (m, n)
+        want = as_sent(a, dtype) @ as_sent(b, dtype)
+        if with_bias:
+            want = want + as_sent(bias, dtype)
+        assert rel_err(y, np.maximum(want, 0)) < 4 * TOL[dtype], f"seed {seed} {m}x{k}x{n}"
+
+
+def test_float16_arrays_map_directly(client):
+    x = np.linspace(-3, 3, 64, dtype=np.float16).reshape(8, 8)
+    y = client.softmax(x)
+    assert y.dtype == np.float16
+    assert rel_err(y, softmax_ref(x.astype(np.float64))) < TOL["float16"]
+
+
+def test_bfloat16_output_as_bits_and_uint16_input_as_bits(client):
+    x = np.array([[0.5, -1.25, 3.0]], dtype=np.float32)  # exact in bfloat16
+    bits = float_to_bfloat16_bits(x)
+    y_bits = client.gelu(bits, dtype="bfloat16", bf16_output="bits")
+    assert y_bits.dtype == np.uint16 and y_bits.shape == (1, 3)
+    y = client.gelu(x, dtype="bfloat16")
+    np.testing.assert_array_equal(bfloat16_bits_to_float(y_bits), y)
+    with pytest.raises(TypeError):
+        client.gelu(bits)  # uint16 without dtype='bfloat16' is ambiguous
+
+
+def test_bfloat16_conversion_rounds_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.0, np.inf, np.nan], dtype=np.float32)
+    back = bfloat16_bits_to_float(float_to_bfloat16_bits(x))
+    np.testing.assert_array_equal(back[:5], [1.0, 1.0, 1.015625, -2.0, np.inf])
+    assert np.isnan(back[5])
+
+
+def test_timing_is_reported(client):
+    _, t = client.gelu(np.ones(1000, dtype=np.float32), return_timing=True)
+    assert t.backend == "cpu"
+    assert t.total_us > 0 and t.rpc_us > 0
+
+
+def test_empty_tensor_gives_empty_output(client):
+    y = client.gelu(np.zeros((0, 5), dtype=np.float32))
+    assert y.shape == (0, 5)
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+def raw_call(client, method, req):
+    with pytest.raises(grpc.RpcError) as e:
+        getattr(client.stub, method)(req, timeout=10)
+    return e.value.code()
+
+
+def test_wrong_byte_length_is_invalid_argument(client):
+    req = pb.GeluRequest(input=pb.TensorRef(tensor=pb.Tensor(dtype=pb.FLOAT32, shape=[2, 3], data=b"\0" * 20)))
+    assert raw_call(client, "Gelu", req) == grpc.StatusCode.INVALID_ARGUMENT
+    expect_still_serving(client)
+
+
+def test_unspecified_dtype_is_invalid_argument(client):
+    req = pb.SoftmaxRequest(input=pb.TensorRef(tensor=pb.Tensor(shape=[2], data=b"\0" * 8)))
+    assert raw_call(client, "Softmax", req) == grpc.StatusCode.INVALID_ARGUMENT
+    expect_still_serving(client)
+
+
+def test_mixed_dtypes_are_invalid_argument(client):
+    a = pb.Tensor(dtype=pb.FLOAT32, shape=[1, 1], data=b"\0" * 4)
+    b = pb.Tensor(dtype=pb.FLOAT16, shape=[1, 1], data=b"\0" * 2)
+    req = pb.MatmulReluRequest(a=pb.TensorRef(tensor=a), b=pb.TensorRef(tensor=b))
+    assert raw_call(client, "MatmulRelu", req) == grpc.StatusCode.INVALID_ARGUMENT
+    expect_still_serving(client)
+
+
+def test_inner_dims_that_differ_raise_fusebox_error(client):
+    with pytest.raises(FuseboxError) as e:
+        client.matmul_relu(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details
+    expect_still_serving(client)
+
+
+def test_rank_zero_softmax_raises_invalid_argument(client):
+    with pytest.raises(FuseboxError) as e:
+        client.softmax(np.float32(1.0))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    expect_still_serving(client)
+
+
+# --- the CLI -----------------------------------------------------------------------------
+
+def cli(*args, timeout=60):
+    return subprocess.run([CLI_BIN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_gelu_round_trips_npy_and_prints_timing(server, tmp_path):
+    seed, rng = fresh_rng()
+    x = rng.uniform(-4, 4, (16, 33)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("--server", server.address, "gelu", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"))
+    assert r.returncode == 0, r.stderr
+    assert "kernel" in r.stdout and "round trip" in r.stdout
+    y = np.load(tmp_path / "y.npy")
+    assert y.dtype == np.float32 and y.shape == x.shape
+    assert rel_err(y, gelu_ref(x.astype(np.float64))) < TOL["float32"], f"seed {seed}"
+
+
+def test_cli_float16_softmax_and_rowsum(server, tmp_path):
+    seed, rng = fresh_rng()
+    x = rng.uniform(-4, 4, (5, 100)).astype(np.float16)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("--server", server.address, "softmax", str(tmp_path / "x.npy"), "-o", str(tmp_path / "s.npy"))
+    assert r.returncode == 0, r.stderr
+    s = np.load(tmp_path / "s.npy")
+    assert s.dtype == np.float16
+    assert rel_err(s, softmax_ref(x.astype(np.float64))) < TOL["float16"], f"seed {seed}"
+    r = cli("--server", server.address, "rowsum", str(tmp_path / "x.npy"), "-o", str(tmp_path / "r.npy"), "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    rs = np.load(tmp_path / "r.npy")
+    assert rs.dtype == np.float32 and rs.shape == (5,)
+    np.testing.assert_allclose(rs, x.astype(np.float64).sum(-1), atol=1e-3)
+
+
+def test_cli_matmul_relu_bfloat16_with_bias(server, tmp_path):
+    seed, rng = fresh_rng()
+    a = rng.uniform(-1, 1, (9, 20)).astype(np.float32)
+    b = rng.uniform(-1, 1, (20, 7)).astype(np.float64)  # float64 files are accepted too
+    bias = rng.uniform(-1, 1, 7).astype(np.float32)
+    for name, arr in [("a", a), ("b", b), ("bias", bias)]:
+        np.save(tmp_path / f"{name}.npy", arr)
+    out = tmp_path / "y.npy"
+    r = cli("--server", server.address, "matmul_relu", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+            str(tmp_path / "bias.npy"), "-o", str(out), "--dtype", "bfloat16")
+    assert r.returncode == 0, r.stderr
+    y = np.load(out)
+    assert y.dtype == np.float32 and y.shape == (9, 7)  # bf16 result widened to float32
+    want = np.maximum(as_sent(a, "bfloat16") @ as_sent(b.astype(np.float32), "bfloat16")
+                      + as_sent(bias, "bfloat16"), 0)
+    assert rel_err(y, want) < 4 * TOL["bfloat16"], f"seed {seed}"
+    r = cli("--server", server.address, "matmul_relu", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+            "-o", str(out), "--dtype", "bfloat16", "--bf16_bits", "-q")
+    assert r.returncode == 0, r.stderr
+    assert np.load(out).dtype == np.uint16
+
+
+def test_cli_reports_server_errors_and_usage_errors(server, tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((2, 3), np.float32))
+    np.save(tmp_path / "b.npy", np.ones((4, 2), np.float32))
+    r = cli("--server", server.address, "matmul_relu", str(tmp_path / "a.npy"), str(tmp_path / "b.npy"),
+            "-o", str(tmp_path / "y.npy"))
+    assert r.returncode == 1 and "INVALID_ARGUMENT" in r.stderr
+    r = cli("--server", server.address, "gelu", str(tmp_path / "missing.npy"), "-o", str(tmp_path / "y.npy"))
+    assert r.returncode == 1 and "missing.npy" in r.stderr
+    assert cli("--server", server.address, "gelu", str(tmp_path / "a.npy")).returncode == 2  # no -o
+    assert cli("frobnicate").returncode == 2
+    h = cli("--help")
+    assert h.returncode == 0 and "matmul_relu" in h.stdout and "bfloat16" in h.stdout
+
+
+def test_cli_health_prints_serving(server):
+    r = cli("--server", server.address, "health")
+    assert r.returncode == 0 and r.stdout.strip() == "SERVING"
+
+
+def test_example_script_runs(server):
+    r = subprocess.run([sys.executable, str(ROOT / "client/python/example.py"), server.address],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "health: SERVING" in r.stdout
+
+
+# --- lifecycle (own server) --------------------------------------------------------------
+
+def test_sigterm_makes_server_exit_zero():
+    s = Server()
+    try:
+        with Client(s.address) as c:
+            assert c.wait_for_ready(10)
+            c.gelu(np.ones(10, np.float32))
+        t0 = time.monotonic()
+        assert s.stop(30) == 0
+        assert time.monotonic() - t0 < 30
+    finally:
+        s.kill()
