@@ -21,6 +21,9 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 
+// OpenBLAS's name for the kernel it picked (weak: null with another BLAS).
+extern "C" char* openblas_get_corename() __attribute__((weak));
+
 namespace {
 
 using fusebox::DType;
@@ -60,9 +63,11 @@ void Run(const Options& o, const std::string& op, DType dt, const std::string& s
   const double median = ms[ms.size() / 2];
   std::printf(
       "{\"op\": \"%s\", \"dtype\": \"%s\", \"shape\": \"%s\", \"median_ms\": %.4f, \"min_ms\": %.4f, "
-      "\"runs\": %d, \"gb_per_s\": %.2f, \"gflop_per_s\": %.2f, \"isa\": \"%s\", \"threads\": %d}\n",
+      "\"runs\": %d, \"gb_per_s\": %.2f, \"gflop_per_s\": %.2f, \"isa\": \"%s\", \"threads\": %d, "
+      "\"blas_core\": \"%s\"}\n",
       op.c_str(), fusebox::DTypeName(dt), shape.c_str(), median, ms.front(), o.runs,
-      bytes / median / 1e6, flops / median / 1e6, cpu::simd::Active().name, cpu::CpuThreads());
+      bytes / median / 1e6, flops / median / 1e6, cpu::simd::Active().name, cpu::CpuThreads(),
+      openblas_get_corename != nullptr ? openblas_get_corename() : "unknown");
   std::fflush(stdout);
 }
 

@@ -26,6 +26,7 @@
 #include <new>
 #include <string>
 
+#include "kernels/cpu/ops_internal.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 
@@ -52,6 +53,9 @@ absl::Status OutOfMemory(const char* op, int64_t floats) {
   return absl::ResourceExhaustedError(std::string(op) + ": cannot allocate " +
                                       std::to_string(floats * 4) + " bytes of CPU scratch");
 }
+
+constexpr int64_t kDefaultOperandFloats = int64_t{1} << 25, kDefaultOutFloats = int64_t{1} << 24;
+int64_t g_operand_floats = kDefaultOperandFloats, g_out_floats = kDefaultOutFloats;
 
 int64_t RowGrain(int64_t cols) { return std::max<int64_t>(1, kMinTask / std::max<int64_t>(cols, 1)); }
 
@@ -301,10 +305,9 @@ absl::Status MatmulRelu(DType dt, const void* a, const void* b, const void* bias
   }
 
   // Half types: widen column blocks of B and row blocks of A to float32.
-  constexpr int64_t kOperandFloats = int64_t{1} << 25, kOutFloats = int64_t{1} << 24;
-  const int64_t nb = std::min(n, std::max<int64_t>(1, kOperandFloats / kdim));
-  int64_t mb = std::min(m, std::max<int64_t>(1, kOperandFloats / kdim));
-  mb = std::min(mb, std::max<int64_t>(1, kOutFloats / nb));
+  const int64_t nb = std::min(n, std::max<int64_t>(1, g_operand_floats / kdim));
+  int64_t mb = std::min(m, std::max<int64_t>(1, g_operand_floats / kdim));
+  mb = std::min(mb, std::max<int64_t>(1, g_out_floats / nb));
   std::unique_ptr<float[]> bf = AllocFloats(kdim * nb), af = AllocFloats(mb * kdim),
                            cf = AllocFloats(mb * nb);
   if (!bf || !af || !cf) return OutOfMemory("MatmulRelu", kdim * nb + mb * kdim + mb * nb);
@@ -333,5 +336,12 @@ absl::Status MatmulRelu(DType dt, const void* a, const void* b, const void* bias
   }
   return absl::OkStatus();
 }
+
+namespace internal {
+void SetMatmulChunkBudget(int64_t operand_floats, int64_t out_floats) {
+  g_operand_floats = operand_floats > 0 ? operand_floats : kDefaultOperandFloats;
+  g_out_floats = out_floats > 0 ? out_floats : kDefaultOutFloats;
+}
+}  // namespace internal
 
 }  // namespace fusebox::cpu

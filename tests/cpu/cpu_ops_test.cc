@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops_internal.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/simd.h"
 #include "tests/reference.h"
@@ -332,6 +333,24 @@ TEST_P(CpuOps, MatmulReluMatchesReferenceWithAndWithoutBias) {
       ASSERT_TRUE(MatmulRelu(dt(), a.data(), b.data(), bp, out.data(), s.m, s.n, s.k).ok());
       ExpectMatches(dt(), out, ref::MatmulRelu(dt(), a.data(), b.data(), bp, s.m, s.n, s.k), tol());
     }
+  }
+}
+
+TEST_P(CpuOps, MatmulReluInSmallChunksMatchesReference) {
+  // Half types widen A and B in chunks; tiny budgets make uneven row and column
+  // chunks (float32 goes straight to sgemm and is unaffected).
+  SCOPED_TRACE(Trace());
+  const int64_t m = 37, n = 29, k = 11;
+  const Bytes a = Random(m * k, -1.0f, 1.0f), b = Random(k * n, -1.0f, 1.0f),
+              bias = Random(n, -1.0f, 1.0f);
+  for (auto [operand, out_floats] : std::vector<std::pair<int64_t, int64_t>>{{100, 50}, {1, 1}, {300, 1000}}) {
+    SCOPED_TRACE("budget=" + std::to_string(operand) + "," + std::to_string(out_floats));
+    internal::SetMatmulChunkBudget(operand, out_floats);
+    Bytes out = Poisoned(dt(), m * n);
+    const absl::Status st = MatmulRelu(dt(), a.data(), b.data(), bias.data(), out.data(), m, n, k);
+    internal::SetMatmulChunkBudget(0, 0);
+    ASSERT_TRUE(st.ok()) << st;
+    ExpectMatches(dt(), out, ref::MatmulRelu(dt(), a.data(), b.data(), bias.data(), m, n, k), tol());
   }
 }
 
