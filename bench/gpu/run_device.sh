@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs on the device machine (H200), from the bundle made by scripts/device_gpu_kernels.sh; builds
+# nothing. Steps, in order (default: test sanitize bench):
+#   test      the GPU kernel tests (tests/gpu), all of them                      ~1 min
+#   sanitize  compute-sanitizer memcheck over the tests (largest shapes and the >2^31-element
+#             tests left out), racecheck and synccheck over the softmax / row-sum paths   ~2 min
+#   bench     memory-bound benchmark (ours + forced variants), the peers (torch eager,
+#             torch.compile, Triton) and the ceilings, then the verdict table          ~2-3 min
+#   quick     bench without torch.compile and without our variants                  ~1 min
+# Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
+# under $OUT; prints the verdict table last.
+# usage: COMMIT=<hash> bash .bundle/bin/run_device.sh [test] [sanitize] [bench|quick]
+set -u -o pipefail
+B=${BUNDLE:-.bundle}
+OUT=${OUT:-/tmp/fusebox-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1
+steps=${*:-test sanitize bench}
+T=$B/bin/fusebox_gpu_kernels_test
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+status=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv |
+  tee "$OUT/bench.log"
+
+for step in $steps; do
+  case $step in
+  test)
+    echo "== tests"
+    start=$SECONDS
+    "$T" --gtest_brief=1 2>&1 | tee "$OUT/test.log" | tail -n 30 || status=1
+    echo "tests took $((SECONDS - start)) s"
+    ;;
+  sanitize)
+    echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
+    for tool in memcheck racecheck synccheck; do
+      filter='-HugeTensors.*'
+      [[ $tool != memcheck ]] && filter='*SoftmaxShapes/float32:*SoftmaxShapes/bfloat16:*RowSumShapes/bfloat16:*BenchmarkVariants/float32'
+      start=$SECONDS
+      FUSEBOX_GPU_TEST_SMALL=1 timeout 240 "$CS" --tool "$tool" --error-exitcode 3 "$T" --gtest_brief=1 \
+        --gtest_filter="$filter" >>"$OUT/sanitizer.log" 2>&1
+      rc=$?
+      echo "$tool: exit $rc in $((SECONDS - start)) s ($(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitizer.log") clean summaries so far)" |
+        tee -a "$OUT/sanitizer.log"
+      grep -E "ERROR SUMMARY|HAZARD SUMMARY|RACECHECK SUMMARY|Invalid|Race|FAILED" "$OUT/sanitizer.log" | sort | uniq -c | head -n 12
+      [[ $rc -ne 0 ]] && status=1
+    done
+    ;;
+  bench | quick)
+    echo "== benchmark"
+    extra=()
+    [[ $step == quick ]] && extra=(--no-variants)
+    "$B/bin/fusebox_gpu_bench_memory_bound" --json "$OUT/ours.json" "${extra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 8
+    pextra=()
+    [[ $step == quick ]] && pextra=(--quick)
+    python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peers.json" "${pextra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 4
+    python3 "$B/bin/memory_bound_report.py" "$OUT/ours.json" "$OUT/peers.json" --md "$OUT/report.md" \
+      --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" || status=1
+    ;;
+  *) echo "unknown step $step"; status=2 ;;
+  esac
+done
+exit $status

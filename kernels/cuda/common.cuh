@@ -1,0 +1,297 @@
+// Shared device helpers for the memory-bound kernels (gelu.cu, softmax.cu, rowsum.cu):
+// 16-byte packed loads/stores with float conversion for float32 / float16 / bfloat16,
+// streaming cache hints, fast exp2, warp/group/block reductions, the (max, sum) pair used by
+// softmax, and the sm_90 cluster / mbarrier / bulk-copy primitives (inline PTX).
+// Costs nothing by itself: every function here is inlined into the kernels.
+// nvcc only; no absl, no gRPC.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/dtype.h"
+
+namespace fusebox::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------------------------------------
+// Packed access of W consecutive elements of T. W * sizeof(T) == 16 is the vector path (one
+// 16-byte load/store); W == 1 is the scalar path for rows or pointers that are not 16-byte aligned.
+template <typename T, int W>
+struct Pack {
+  static constexpr bool kVec = W * sizeof(T) == 16;
+  static_assert(kVec || W == 1, "W must be 1 or a 16-byte vector");
+  using Raw = std::conditional_t<kVec, uint4, T>;
+};
+
+__device__ __forceinline__ float Bf16LoToFloat(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float Bf16HiToFloat(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi, __half*) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi, __nv_bfloat16*) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ void UnpackPair(uint32_t u, float& lo, float& hi, __half*) {
+  __half2 h = *reinterpret_cast<__half2*>(&u);
+  const float2 f = __half22float2(h);
+  lo = f.x;
+  hi = f.y;
+}
+__device__ __forceinline__ void UnpackPair(uint32_t u, float& lo, float& hi, __nv_bfloat16*) {
+  lo = Bf16LoToFloat(u);
+  hi = Bf16HiToFloat(u);
+}
+
+// Raw -> W floats.
+template <typename T, int W>
+__device__ __forceinline__ void Unpack(const typename Pack<T, W>::Raw& r, float (&f)[W]) {
+  if constexpr (!Pack<T, W>::kVec) {
+    f[0] = ToFloat<T>(r);
+  } else if constexpr (std::is_same_v<T, float>) {
+    f[0] = __uint_as_float(r.x);
+    f[1] = __uint_as_float(r.y);
+    f[2] = __uint_as_float(r.z);
+    f[3] = __uint_as_float(r.w);
+  } else {
+    UnpackPair(r.x, f[0], f[1], static_cast<T*>(nullptr));
+    UnpackPair(r.y, f[2], f[3], static_cast<T*>(nullptr));
+    UnpackPair(r.z, f[4], f[5], static_cast<T*>(nullptr));
+    UnpackPair(r.w, f[6], f[7], static_cast<T*>(nullptr));
+  }
+}
+
+// W floats -> Raw (round to nearest even for the half types).
+template <typename T, int W>
+__device__ __forceinline__ typename Pack<T, W>::Raw PackFloats(const float (&f)[W]) {
+  if constexpr (!Pack<T, W>::kVec) {
+    return FromFloat<T>(f[0]);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+  } else {
+    return make_uint4(PackPair(f[0], f[1], static_cast<T*>(nullptr)),
+                      PackPair(f[2], f[3], static_cast<T*>(nullptr)),
+                      PackPair(f[4], f[5], static_cast<T*>(nullptr)),
+                      PackPair(f[6], f[7], static_cast<T*>(nullptr)));
+  }
+}
+
+// Loads: "stream" = read once (evict-first in L1 and L2); "keep" = will be read again soon.
+template <typename R>
+__device__ __forceinline__ R LoadStream(const R* p) {
+  if constexpr (std::is_same_v<R, uint4>) {
+    return __ldcs(p);
+  } else if constexpr (std::is_same_v<R, float>) {
+    return __ldcs(p);
+  } else {  // __half / __nv_bfloat16: 16-bit load
+    const unsigned short u = __ldcs(reinterpret_cast<const unsigned short*>(p));
+    R r;
+    *reinterpret_cast<unsigned short*>(&r) = u;
+    return r;
+  }
+}
+template <typename R>
+__device__ __forceinline__ R LoadKeep(const R* p) {
+  if constexpr (std::is_same_v<R, uint4>) {
+    return __ldg(p);
+  } else if constexpr (std::is_same_v<R, float>) {
+    return __ldg(p);
+  } else {
+    const unsigned short u = __ldg(reinterpret_cast<const unsigned short*>(p));
+    R r;
+    *reinterpret_cast<unsigned short*>(&r) = u;
+    return r;
+  }
+}
+template <typename R>
+__device__ __forceinline__ void StoreStream(R* p, const R& v) {
+  if constexpr (std::is_same_v<R, uint4>) {
+    __stcs(p, v);
+  } else if constexpr (std::is_same_v<R, float>) {
+    __stcs(p, v);
+  } else {
+    __stcs(reinterpret_cast<unsigned short*>(p), *reinterpret_cast<const unsigned short*>(&v));
+  }
+}
+
+// 2^x on the special-function unit (max rel. error about 2^-22; -inf -> +0, +inf -> inf, NaN -> NaN).
+__device__ __forceinline__ float Ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// e^(x - m): the difference first, so that huge inputs keep their precision.
+__device__ __forceinline__ float ExpDiff(float x, float m) { return Ex2((x - m) * kLog2e); }
+
+// ---------------------------------------------------------------------------------------------
+// Reductions. Groups are `tpr` consecutive lanes (a power of two <= 32) aligned to tpr.
+__device__ __forceinline__ float GroupSum(float v, int tpr) {
+  for (int o = tpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+// fmaxf ignores NaN: a NaN never becomes the maximum (softmax turns NaN rows into NaN via the sum).
+__device__ __forceinline__ float GroupMax(float v, int tpr) {
+  for (int o = tpr >> 1; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Softmax partial state: m = max seen, s = sum of e^(x - m) over the values seen.
+// Rules that keep -inf and NaN right (see softmax.cu): a -inf input contributes 0 to s; a rescale
+// between equal maxima is the identity (so -inf / -inf and inf / inf make no NaN); NaN inputs make
+// s NaN, which makes the whole row NaN at the end.
+struct MaxSum {
+  float m;
+  float s;
+};
+__device__ __forceinline__ float Rescale(float s, float m_old, float m_new) {
+  return m_old == m_new ? s : s * ExpDiff(m_old, m_new);
+}
+__device__ __forceinline__ float Term(float x, float m) {
+  return x == -INFINITY ? 0.f : ExpDiff(x, m);
+}
+__device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  return {m, Rescale(a.s, a.m, m) + Rescale(b.s, b.m, m)};
+}
+__device__ __forceinline__ MaxSum WarpReduce(MaxSum v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    MaxSum w;
+    w.m = __shfl_xor_sync(0xffffffffu, v.m, o);
+    w.s = __shfl_xor_sync(0xffffffffu, v.s, o);
+    v = Combine(v, w);
+  }
+  return v;
+}
+
+// Whole-block reductions (blockDim.x a multiple of 32, <= 1024). `scratch` holds 33 slots.
+// Every thread gets the result. Two __syncthreads.
+__device__ __forceinline__ MaxSum BlockReduce(MaxSum v, MaxSum* scratch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  v = WarpReduce(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    MaxSum w = lane < nwarps ? scratch[lane] : MaxSum{-INFINITY, 0.f};
+    w = WarpReduce(w);
+    if (lane == 0) scratch[32] = w;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  v = GroupSum(v, 32);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    float w = lane < nwarps ? scratch[lane] : 0.f;
+    w = GroupSum(w, 32);
+    if (lane == 0) scratch[32] = w;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
+// ---------------------------------------------------------------------------------------------
+// sm_90 cluster, mbarrier and bulk-copy primitives.
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint32_t ClusterRank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void ClusterArrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void ClusterWait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Shared-memory address of the same variable in block `rank` of this cluster.
+__device__ __forceinline__ uint32_t MapRank(const void* p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(SmemAddr(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float2 LoadRemoteF2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ float LoadRemoteF(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.b32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// Global -> this block's shared memory, `bytes` a multiple of 16, both addresses 16-byte aligned;
+// completion is counted on `bar` (transaction bytes).
+__device__ __forceinline__ void BulkLoad(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          SmemAddr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host-side helpers shared by the launchers.
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline int Pow2Ceil(int64_t x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,126 @@
+// GeLU (tanh form) on the GPU, float32 / float16 / bfloat16, computed in float32.
+//
+// Cost: reads n elements and writes n elements once (2 n sizeof(T) bytes); arithmetic is about
+// 8 instructions and 2 special-function ops per element, well under the memory time on an H200.
+// In place (in == out) is safe: each element is read and written by one thread, loads first.
+// Parallelisation: one thread handles kUnroll 16-byte vectors (4 fp32 or 8 half values each),
+// all loads issued before any use; 256-thread blocks, one block per 256 * kUnroll vectors.
+// When in and out share their offset modulo 16 bytes, the few elements before the first 16-byte
+// boundary (head) and after the last full vector (tail) are done by the last block, scalar.
+// Otherwise (different misalignment) a scalar, coalesced grid-stride kernel runs.
+//
+// Formula: 0.5 x (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + 2^(x (kA + kB x^2))) with
+// u = sqrt(2/pi) (x + 0.044715 x^3), kA = -2 sqrt(2/pi) log2(e), kB = 0.044715 kA. Limits:
+// x = +inf -> inf, x = -inf -> NaN (as the tanh form: -inf * 0), NaN -> NaN, large negative -> -0.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace fusebox::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f;
+constexpr float kB = 0.044715f * kA;
+
+__device__ __forceinline__ float GeluF(float x) {
+  const float t = x * fmaf(kB, x * x, kA);
+  return __fdividef(x, 1.0f + Ex2(t));
+}
+
+template <typename T>
+__device__ __forceinline__ void GeluScalarAt(const T* in, T* out, int64_t i) {
+  out[i] = FromFloat<T>(GeluF(ToFloat<T>(in[i])));
+}
+
+// Vector body over [head, head + nvec * W); head / tail scalars by the last block.
+template <typename T>
+__global__ __launch_bounds__(kThreads) void GeluVecKernel(const T* in, T* out,
+                                                          int64_t nvec, int head, int tail) {
+  constexpr int W = 16 / sizeof(T);
+  using R = uint4;
+  const R* src = reinterpret_cast<const R*>(in + head);
+  R* dst = reinterpret_cast<R*>(out + head);
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
+  R v[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) v[u] = LoadStream(src + i);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t i = base + u * kThreads;
+    if (i < nvec) {
+      float f[W];
+      Unpack<T, W>(v[u], f);
+#pragma unroll
+      for (int e = 0; e < W; ++e) f[e] = GeluF(f[e]);
+      StoreStream(dst + i, PackFloats<T, W>(f));
+    }
+  }
+  if (blockIdx.x == gridDim.x - 1 && threadIdx.x < head + tail) {
+    const int t = threadIdx.x;
+    const int64_t i = t < head ? t : head + nvec * W + (t - head);
+    GeluScalarAt(in, out, i);
+  }
+}
+
+template <typename T>
+__global__ __launch_bounds__(kThreads) void GeluScalarKernel(const T* in, T* out,
+                                                             int64_t n) {
+  constexpr int U = 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads * U;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x; base < n; base += stride) {
+    T v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * kThreads;
+      if (i < n) v[u] = LoadStream(in + i);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + u * kThreads;
+      if (i < n) StoreStream(out + i, FromFloat<T>(GeluF(ToFloat<T>(v[u]))));
+    }
+  }
+}
+
+template <typename T>
+cudaError_t LaunchGeluT(const void* in_v, void* out_v, int64_t n, cudaStream_t s) {
+  const T* in = static_cast<const T*>(in_v);
+  T* out = static_cast<T*>(out_v);
+  constexpr int W = 16 / sizeof(T);
+  const uintptr_t ia = reinterpret_cast<uintptr_t>(in), oa = reinterpret_cast<uintptr_t>(out);
+  const bool elem_aligned = ia % sizeof(T) == 0 && oa % sizeof(T) == 0;
+  if (elem_aligned && ia % 16 == oa % 16) {
+    int head = static_cast<int>(((16 - ia % 16) % 16) / sizeof(T));
+    if (head > n) head = static_cast<int>(n);
+    const int64_t nvec = (n - head) / W;
+    const int tail = static_cast<int>(n - head - nvec * W);
+    const int64_t blocks = nvec > 0 ? CeilDiv(nvec, kThreads * kUnroll) : 1;
+    GeluVecKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(in, out, nvec, head, tail);
+  } else {
+    const int64_t blocks = std::min<int64_t>(CeilDiv(n, kThreads * 8), 132 * 64);
+    GeluScalarKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(in, out, n);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  switch (dt) {
+    case DType::kFloat32: return LaunchGeluT<float>(in, out, n, s);
+    case DType::kFloat16: return LaunchGeluT<__half>(in, out, n, s);
+    case DType::kBFloat16: return LaunchGeluT<__nv_bfloat16>(in, out, n, s);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace fusebox::cuda

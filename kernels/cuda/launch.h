@@ -1,0 +1,67 @@
+// Launchers for the memory-bound CUDA kernels: GeLU (tanh form), softmax over the last axis,
+// row sum over the last axis. Plain C++ header (no CUDA compiler needed to include it).
+//
+// Every launcher takes device pointers, sizes and a stream, enqueues its kernel(s) and returns the
+// launch status (cudaGetLastError after the launch); it never synchronises, allocates, exits or
+// aborts. No workspace is needed: long softmax / row-sum rows are split over a thread-block
+// cluster (sm_90) that combines its partial results through distributed shared memory.
+//
+// Semantics (the same as kernels/cpu and tests/reference.cc):
+//  - Gelu: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed in float32.
+//    In place (in == out) is allowed.
+//  - Softmax: each row of `cols` elements, max-subtracted, float32 arithmetic. A row holding a NaN
+//    or +inf, or made only of -inf, becomes all NaN (as PyTorch). in and out must not overlap.
+//  - RowSum: out[r] = float32 sum of row r (float32 accumulation). cols == 0 writes zeros.
+// Sizes: rows * cols may exceed 2^31 (64-bit indexing); 0 <= cols < 2^31 (issue 3 asks 1..2^24).
+// Pointers: any element-aligned address; the 16-byte vector path is used when the pointers and the
+// row length allow it, a scalar path otherwise. Negative sizes give cudaErrorInvalidValue.
+// Thread safety: launchers may be called concurrently from several threads and streams.
+// Cost: one pass over the data (each input byte read once from HBM, each output written once),
+// except softmax rows longer than a cluster can hold on chip (fp32 rows > 2^20 elements,
+// 16-bit rows > 2^21): the part that does not fit is read a second time (mostly from L2).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace fusebox::cuda {
+
+cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s);
+cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int64_t cols,
+                          cudaStream_t s);
+cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols,
+                         cudaStream_t s);
+
+// ---- Tuning hooks (benchmarks and tests only; the plain launchers use the automatic choice) ----
+// Forces parts of the kernel choice; 0 means "automatic". Values the build has no kernel for give
+// cudaErrorInvalidValue.
+//   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
+//   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 4 or 8
+//   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
+//   threads           long-row kernels: threads per block (multiple of 32, <= 512)
+//   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
+//   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
+struct KernelChoice {
+  int threads_per_row = 0;
+  int vectors_per_thread = 0;
+  int cluster = 0;
+  int threads = 0;
+  int smem_bytes = 0;
+  int long_rows = 0;
+};
+cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out,
+                              int64_t rows, int64_t cols, cudaStream_t s);
+cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, float* out,
+                             int64_t rows, int64_t cols, cudaStream_t s);
+
+// Describes what the automatic choice would launch for a shape (for logs and benchmark notes),
+// e.g. "softmax/cluster vec c=16 t=512 v=4 smem=229376"; writes at most `len` bytes into `buf`.
+void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, int64_t cols,
+                     const KernelChoice& k, char* buf, int len);
+void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const KernelChoice& k,
+                    char* buf, int len);
+
+}  // namespace fusebox::cuda

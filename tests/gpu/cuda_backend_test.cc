@@ -1,0 +1,371 @@
+// Tests of the CUDA backend module as the server uses it: dlopen
+// libfusebox_cuda_backend.so, create the backend through its one exported
+// symbol, submit OpCalls and check results against the fp64 reference, that
+// concurrent calls run on different streams and overlap, that an impossible
+// allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that a
+// broken context turns later calls UNAVAILABLE (in a child process), and that
+// timings add up. Skips when the module cannot be loaded or finds no GPU.
+// Module path: $FUSEBOX_CUDA_MODULE, else next to this executable, else the
+// build tree's. Cost: a few seconds on the H200.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "server/backend.h"
+#include "server/cuda_backend.h"
+#include "tests/reference.h"
+
+namespace fusebox {
+namespace {
+
+using Factory = Backend* (*)(const CudaBackendOptions*, char*, size_t);
+
+std::string ModulePath() {
+  if (const char* env = std::getenv("FUSEBOX_CUDA_MODULE")) return env;
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    std::string dir(buf, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string candidate = dir + "/libfusebox_cuda_backend.so";
+    if (access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  return FUSEBOX_CUDA_MODULE_PATH;
+}
+
+// Loads the module once; null (with the reason in *why) when unusable here.
+Factory LoadFactory(std::string* why) {
+  static void* lib = dlopen(ModulePath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    *why = std::string("cannot load the module: ") + dlerror();
+    return nullptr;
+  }
+  auto f = reinterpret_cast<Factory>(dlsym(lib, "fusebox_create_cuda_backend"));
+  if (f == nullptr) *why = "module lacks fusebox_create_cuda_backend";
+  return f;
+}
+
+std::unique_ptr<Backend> MakeBackend(const CudaBackendOptions& o, std::string* why) {
+  Factory f = LoadFactory(why);
+  if (f == nullptr) return nullptr;
+  char err[512] = {0};
+  Backend* b = f(&o, err, sizeof err);
+  if (b == nullptr) *why = err;
+  return std::unique_ptr<Backend>(b);
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct Result {
+  absl::Status status;
+  OpTiming timing;
+};
+
+std::future<Result> SubmitAsync(Backend& b, const OpCall& call) {
+  auto promise = std::make_shared<std::promise<Result>>();
+  auto future = promise->get_future();
+  b.Submit(call, NowNs(), [promise](absl::Status s, const OpTiming& t) {
+    promise->set_value(Result{std::move(s), t});
+  });
+  return future;
+}
+
+Result SubmitSync(Backend& b, const OpCall& call) { return SubmitAsync(b, call).get(); }
+
+class CudaBackendTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    CudaBackendOptions o;
+    o.streams = 4;
+    std::string why;
+    backend_ = MakeBackend(o, &why);
+    if (!backend_) GTEST_SKIP() << "no CUDA backend here: " << why;
+  }
+  std::unique_ptr<Backend> backend_;
+};
+
+// A call with host buffers it owns; output poisoned with 0xFF (NaN).
+struct HostCall {
+  OpCall call;
+  std::vector<uint8_t> in[3];
+  std::vector<uint8_t> out;
+  std::vector<double> ref;
+  DType out_dtype = DType::kFloat32;
+
+  void Bind() {
+    for (int i = 0; i < 3; ++i) call.inputs[i] = in[i].empty() ? nullptr : in[i].data();
+    out.assign(call.output_bytes, 0xFF);
+    call.output = out.data();
+  }
+  ref::Comparison Check(double tol) const { return ref::Compare(out_dtype, out.data(), ref, tol); }
+};
+
+HostCall MakeElementwise(Op op, DType dt, int64_t rows, int64_t cols, uint64_t seed) {
+  HostCall h;
+  h.call.op = op;
+  h.call.dtype = dt;
+  h.call.rows = rows;
+  h.call.cols = cols;
+  h.in[0] = ref::RandomTensor(dt, rows * cols, -4.f, 4.f, seed);
+  switch (op) {
+    case Op::kGelu: h.ref = ref::Gelu(dt, h.in[0].data(), rows * cols); break;
+    case Op::kSoftmax: h.ref = ref::Softmax(dt, h.in[0].data(), rows, cols); break;
+    default: h.ref = ref::RowSum(dt, h.in[0].data(), rows, cols); break;
+  }
+  h.out_dtype = op == Op::kRowSum ? DType::kFloat32 : dt;
+  h.call.output_bytes = (op == Op::kRowSum ? rows : rows * cols) * ElementSize(h.out_dtype);
+  h.Bind();
+  return h;
+}
+
+HostCall MakeMatmul(DType dt, int64_t m, int64_t n, int64_t k, bool bias, MatmulImpl impl,
+                    uint64_t seed) {
+  HostCall h;
+  h.call.op = Op::kMatmulRelu;
+  h.call.dtype = dt;
+  h.call.m = m;
+  h.call.n = n;
+  h.call.k = k;
+  h.call.matmul_impl = impl;
+  h.in[0] = ref::RandomTensor(dt, m * k, -1.f, 1.f, seed);
+  h.in[1] = ref::RandomTensor(dt, k * n, -1.f, 1.f, seed + 1);
+  if (bias) h.in[2] = ref::RandomTensor(dt, n, -1.f, 1.f, seed + 2);
+  h.ref = ref::MatmulRelu(dt, h.in[0].data(), h.in[1].data(), bias ? h.in[2].data() : nullptr, m,
+                          n, k);
+  h.out_dtype = dt;
+  h.call.output_bytes = m * n * ElementSize(dt);
+  h.Bind();
+  return h;
+}
+
+double Tol(Op op, DType dt) {
+  if (op == Op::kRowSum) return 1e-5;
+  if (op == Op::kMatmulRelu) return dt == DType::kFloat32 ? 1e-5 : dt == DType::kFloat16 ? 2e-3 : 1e-2;
+  return ref::DefaultTolerance(dt);
+}
+
+void ExpectTimingSane(const OpTiming& t) {
+  EXPECT_GE(t.queue_us, 0);
+  EXPECT_GE(t.copy_in_us, 0);
+  EXPECT_GT(t.kernel_us, 0);
+  EXPECT_GE(t.copy_out_us, 0);
+  EXPECT_GE(t.stream, 0);
+  // The phases happen inside the call's lifetime (events and the host clock
+  // differ by a few microseconds at most).
+  EXPECT_LE(t.queue_us + t.copy_in_us + t.kernel_us + t.copy_out_us, t.total_us * 1.02 + 20)
+      << "queue " << t.queue_us << " in " << t.copy_in_us << " kernel " << t.kernel_us << " out "
+      << t.copy_out_us << " total " << t.total_us;
+}
+
+TEST_F(CudaBackendTest, NameDeviceAndStats) {
+  EXPECT_EQ(backend_->name(), "cuda");
+  EXPECT_EQ(backend_->device().rfind("cuda:0 ", 0), 0u) << backend_->device();
+  const BackendStats s = backend_->stats();
+  EXPECT_EQ(s.workers, 4);
+  EXPECT_GT(s.device_memory_total, int64_t{1} << 30);
+  EXPECT_GT(s.device_memory_used, 0);
+  EXPECT_LE(s.device_memory_used, s.device_memory_total);
+}
+
+TEST_F(CudaBackendTest, EveryOpAndDtypeMatchesReference) {
+  uint64_t seed = 1;
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    std::vector<HostCall> calls;
+    calls.push_back(MakeElementwise(Op::kGelu, dt, 1, 1000003, seed++));
+    calls.push_back(MakeElementwise(Op::kSoftmax, dt, 37, 1000, seed++));
+    calls.push_back(MakeElementwise(Op::kSoftmax, dt, 3, 65537, seed++));
+    calls.push_back(MakeElementwise(Op::kRowSum, dt, 129, 4097, seed++));
+    calls.push_back(MakeMatmul(dt, 65, 33, 129, true, MatmulImpl::kDefault, seed++));
+    calls.push_back(MakeMatmul(dt, 65, 33, 129, false, MatmulImpl::kCublasLt, seed++));
+    calls.push_back(MakeMatmul(dt, 300, 264, 200, true, MatmulImpl::kTiled, seed++));
+    for (HostCall& h : calls) {
+      SCOPED_TRACE(testing::Message() << OpName(h.call.op) << " " << DTypeName(dt) << " rows "
+                                      << h.call.rows << " cols " << h.call.cols << " m "
+                                      << h.call.m);
+      const Result r = SubmitSync(*backend_, h.call);
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      const ref::Comparison c = h.Check(Tol(h.call.op, dt));
+      EXPECT_TRUE(c.ok) << "rel_error " << c.rel_error << " first_bad " << c.first_bad;
+      ExpectTimingSane(r.timing);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, LargeTransfersCrossManyStagingChunks) {
+  // 96 MiB in and out: more than the 64 MiB staging ring, so slots are reused.
+  HostCall h = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 24 << 20, 42);
+  const Result r = SubmitSync(*backend_, h.call);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(h.Check(1e-5).ok);
+  ExpectTimingSane(r.timing);
+  // PCIe moves ~55 GB/s and a host memcpy ~16 GB/s: 96 MiB each way is
+  // milliseconds, not microseconds and not seconds.
+  EXPECT_GT(r.timing.copy_in_us, 1000);
+  EXPECT_LT(r.timing.copy_in_us, 200000);
+  EXPECT_GT(r.timing.copy_out_us, 1000);
+  EXPECT_LT(r.timing.copy_out_us, 200000);
+  std::printf("96 MiB gelu fp32: copy_in %.0f us, kernel %.0f us, copy_out %.0f us, total %.0f us\n",
+              r.timing.copy_in_us, r.timing.kernel_us, r.timing.copy_out_us, r.timing.total_us);
+}
+
+TEST_F(CudaBackendTest, ConcurrentCallsUseDifferentStreamsAndOverlap) {
+  constexpr int kCalls = 8;
+  std::vector<HostCall> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.push_back(MakeElementwise(Op::kGelu, DType::kFloat32, 1, 8 << 20, 100 + i));  // 32 MiB
+  }
+  // Warm-up, then one at a time.
+  ASSERT_TRUE(SubmitSync(*backend_, calls[0].call).status.ok());
+  const int64_t t0 = NowNs();
+  for (HostCall& h : calls) ASSERT_TRUE(SubmitSync(*backend_, h.call).status.ok());
+  const double sequential_ms = (NowNs() - t0) / 1e6;
+  // All at once.
+  for (HostCall& h : calls) h.Bind();
+  const int64_t t1 = NowNs();
+  std::vector<std::future<Result>> futures;
+  for (HostCall& h : calls) futures.push_back(SubmitAsync(*backend_, h.call));
+  std::set<int> streams;
+  for (auto& f : futures) {
+    const Result r = f.get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    streams.insert(r.timing.stream);
+  }
+  const double concurrent_ms = (NowNs() - t1) / 1e6;
+  for (HostCall& h : calls) EXPECT_TRUE(h.Check(1e-5).ok);
+  EXPECT_EQ(streams.size(), 4u);
+  std::printf("8 x 32 MiB gelu: sequential %.1f ms, concurrent on 4 streams %.1f ms\n",
+              sequential_ms, concurrent_ms);
+  EXPECT_LT(concurrent_ms, 0.75 * sequential_ms);
+}
+
+TEST_F(CudaBackendTest, OutOfMemoryIsResourceExhaustedAndBackendKeepsServing) {
+  // 2^36 float32 elements: 256 GiB in and 256 GiB out, more than any GPU.
+  // The allocation fails before a byte is copied, so tiny host buffers do.
+  std::vector<uint8_t> tiny(64);
+  OpCall huge;
+  huge.op = Op::kGelu;
+  huge.dtype = DType::kFloat32;
+  huge.rows = 1;
+  huge.cols = int64_t{1} << 36;
+  huge.inputs[0] = tiny.data();
+  huge.output = tiny.data();
+  huge.output_bytes = size_t{4} << 36;
+  const Result r = SubmitSync(*backend_, huge);
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status)) << r.status;
+  EXPECT_NE(r.status.message().find("GPU memory"), std::string::npos) << r.status;
+
+  auto buf = backend_->Allocate(size_t{1} << 40);
+  EXPECT_TRUE(absl::IsResourceExhausted(buf.status())) << buf.status();
+
+  HostCall h = MakeMatmul(DType::kBFloat16, 64, 48, 32, true, MatmulImpl::kDefault, 9);
+  const Result ok = SubmitSync(*backend_, h.call);
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_TRUE(h.Check(1e-2).ok);
+}
+
+TEST_F(CudaBackendTest, ResidentTensorsSkipCopies) {
+  HostCall h = MakeMatmul(DType::kFloat16, 96, 72, 40, true, MatmulImpl::kDefault, 21);
+  // Upload A as a resident tensor, keep the result resident, then read it back.
+  auto a = backend_->Allocate(h.in[0].size());
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto out = backend_->Allocate(h.call.output_bytes);
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::promise<absl::Status> wrote;
+  backend_->SubmitWrite(a->get(), 0, h.in[0].data(), h.in[0].size(), NowNs(),
+                        [&](absl::Status s, const OpTiming&) { wrote.set_value(s); });
+  ASSERT_TRUE(wrote.get_future().get().ok());
+  OpCall call = h.call;
+  call.inputs[0] = (*a)->data();
+  call.input_resident[0] = true;
+  call.output = (*out)->data();
+  call.output_resident = true;
+  const Result r = SubmitSync(*backend_, call);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  std::promise<absl::Status> read;
+  backend_->SubmitRead(out->get(), 0, h.out.data(), h.out.size(), NowNs(),
+                       [&](absl::Status s, const OpTiming&) { read.set_value(s); });
+  ASSERT_TRUE(read.get_future().get().ok());
+  EXPECT_TRUE(h.Check(2e-3).ok);
+}
+
+TEST_F(CudaBackendTest, WrongOutputSizeIsInvalidArgument) {
+  HostCall h = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 100, 3);
+  h.call.output_bytes -= 4;
+  const Result r = SubmitSync(*backend_, h.call);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status)) << r.status;
+}
+
+TEST_F(CudaBackendTest, TimingsMatchTheWork) {
+  // bf16 1024^3 matmul: 2.1 GFLOP, a few microseconds at the H200's rate;
+  // 2 x 2 MiB in and 2 MiB out.
+  HostCall h = MakeMatmul(DType::kBFloat16, 1024, 1024, 1024, false, MatmulImpl::kDefault, 5);
+  ASSERT_TRUE(SubmitSync(*backend_, h.call).status.ok());  // warm-up (heuristic, pool)
+  h.Bind();
+  const Result r = SubmitSync(*backend_, h.call);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_TRUE(h.Check(1e-2).ok);
+  ExpectTimingSane(r.timing);
+  // Between 1 us (2000 TFLOP/s, impossible) and 5 ms (0.4 TFLOP/s, broken).
+  EXPECT_GT(r.timing.kernel_us, 1);
+  EXPECT_LT(r.timing.kernel_us, 5000);
+  std::printf("bf16 1024^3 matmul: queue %.1f in %.1f kernel %.1f out %.1f total %.1f us\n",
+              r.timing.queue_us, r.timing.copy_in_us, r.timing.kernel_us, r.timing.copy_out_us,
+              r.timing.total_us);
+}
+
+// A kernel that faults leaves the CUDA context unusable for the whole process,
+// so this runs in a child process (the "threadsafe" death-test style re-runs
+// this binary for just this statement).
+TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
+  {
+    std::string why;
+    CudaBackendOptions o;
+    o.streams = 1;
+    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        CudaBackendOptions o;
+        o.streams = 1;
+        std::string reason;
+        auto b = MakeBackend(o, &reason);
+        if (!b) std::_Exit(3);  // no GPU in the child: parent sees code 3
+        std::vector<float> out(1 << 20);
+        OpCall bad;
+        bad.op = Op::kGelu;
+        bad.dtype = DType::kFloat32;
+        bad.rows = 1;
+        bad.cols = 1 << 20;
+        bad.inputs[0] = reinterpret_cast<const void*>(uintptr_t{0x1000});  // unmapped
+        bad.input_resident[0] = true;
+        bad.output = out.data();
+        bad.output_bytes = out.size() * 4;
+        const Result first = SubmitSync(*b, bad);
+        if (first.status.ok()) std::_Exit(4);
+        HostCall h = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 16, 1);
+        const Result later = SubmitSync(*b, h.call);
+        std::fprintf(stderr, "first: %s\nlater: %s\n", first.status.ToString().c_str(),
+                     later.status.ToString().c_str());
+        std::_Exit(absl::IsUnavailable(later.status) ? 0 : 5);
+      },
+      testing::ExitedWithCode(0), "later: UNAVAILABLE");
+}
+
+}  // namespace
+}  // namespace fusebox

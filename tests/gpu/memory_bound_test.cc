@@ -1,0 +1,421 @@
+// GPU tests of the memory-bound kernels (kernels/cuda/launch.h): GeLU, softmax and row sum for
+// float32, float16 and bfloat16 against the fp64 oracle (tests/reference.h) on fresh random
+// inputs (the seed is printed on failure). Covers every kernel path: short rows, block per row,
+// clusters, shared-memory staging, the streamed remainder of very long rows, the scalar path for
+// unaligned rows and pointers, special values (-inf, +inf, NaN, huge), more than 2^31 elements,
+// and every variant the benchmark times. Each output buffer is poisoned (0xFF = NaN) before the
+// launch, and the bytes around it and the input must be unchanged afterwards.
+// Without a GPU every test is skipped. FUSEBOX_GPU_TEST_SMALL=1 leaves out the largest shapes
+// (for compute-sanitizer runs).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/gpu/memory_bound_variants.h"
+#include "kernels/cuda/launch.h"
+#include "tests/gpu/test_util.h"
+#include "tests/reference.h"
+
+namespace fusebox {
+namespace {
+
+using cuda::KernelChoice;
+
+int GpuCount() {
+  static const int n = [] {
+    int c = 0;
+    if (cudaGetDeviceCount(&c) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return c;
+  }();
+  return n;
+}
+
+#define REQUIRE_GPU()                                                                        \
+  do {                                                                                       \
+    if (GpuCount() == 0)                                                                     \
+      GTEST_SKIP() << "no CUDA device on this host: GPU kernel tests skipped (they run on the " \
+                      "device machine, bench/gpu/run_device.sh)";                             \
+  } while (0)
+
+bool SmallMode() {
+  const char* e = std::getenv("FUSEBOX_GPU_TEST_SMALL");
+  return e != nullptr && *e != '\0' && *e != '0';
+}
+
+uint64_t FreshSeed() {
+  static std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+constexpr size_t kGuard = 256;  // poisoned bytes before and after each output; keeps 256-B alignment
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) { status_ = cudaMalloc(&p_, bytes ? bytes : 1); }
+  ~DeviceBuffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
+  size_t bytes() const { return bytes_; }
+  cudaError_t status() const { return status_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_;
+  cudaError_t status_;
+};
+
+using Launch = std::function<cudaError_t(const void* in, void* out)>;
+
+// Places `in` at byte offset kGuard + in_off of a device buffer, poisons an output buffer of
+// kGuard + out_off + out_bytes + kGuard bytes, launches, synchronises, and checks that the launch
+// succeeded, that only [kGuard + out_off, + out_bytes) of the output buffer changed and that the
+// input is unchanged. Returns the output bytes in *out.
+::testing::AssertionResult RunOp(const std::vector<uint8_t>& in, size_t in_off, size_t out_bytes,
+                                 size_t out_off, const Launch& launch, std::vector<uint8_t>* out) {
+  DeviceBuffer din(kGuard + in_off + in.size() + kGuard);
+  DeviceBuffer dout(kGuard + out_off + out_bytes + kGuard);
+  if (din.status() != cudaSuccess || dout.status() != cudaSuccess) {
+    return ::testing::AssertionFailure() << "cudaMalloc failed";
+  }
+  uint8_t* pin = din.get() + kGuard + in_off;
+  uint8_t* pout = dout.get() + kGuard + out_off;
+  if (cudaMemcpy(pin, in.data(), in.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemset(dout.get(), 0xFF, dout.bytes()) != cudaSuccess) {
+    return ::testing::AssertionFailure() << "copy-in failed";
+  }
+  cudaError_t e = launch(pin, pout);
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << "launch: " << cudaGetErrorString(e);
+  e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) return ::testing::AssertionFailure() << "kernel: " << cudaGetErrorString(e);
+  std::vector<uint8_t> all(dout.bytes());
+  std::vector<uint8_t> in_back(in.size());
+  if (cudaMemcpy(all.data(), dout.get(), all.size(), cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemcpy(in_back.data(), pin, in.size(), cudaMemcpyDeviceToHost) != cudaSuccess) {
+    return ::testing::AssertionFailure() << "copy-out failed";
+  }
+  const size_t lo = kGuard + out_off, hi = lo + out_bytes;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if ((i < lo || i >= hi) && all[i] != 0xFF) {
+      return ::testing::AssertionFailure() << "byte " << static_cast<int64_t>(i) - static_cast<int64_t>(lo)
+                                           << " relative to the output was written";
+    }
+  }
+  if (in_back != in) return ::testing::AssertionFailure() << "the input was modified";
+  out->assign(all.begin() + lo, all.begin() + hi);
+  return ::testing::AssertionSuccess();
+}
+
+float Big(DType dt) { return dt == DType::kFloat16 ? 6.0e4f : 1.0e30f; }
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::string Where(DType dt, int64_t rows, int64_t cols, size_t in_off, size_t out_off, uint64_t seed,
+                  const std::string& extra = "") {
+  return std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " in+" +
+         std::to_string(in_off) + "B out+" + std::to_string(out_off) + "B seed=" + std::to_string(seed) + " " +
+         extra;
+}
+
+struct Offsets {
+  size_t in_elems, out_elems;
+};
+
+class MemoryBound : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { REQUIRE_GPU(); }
+
+  void CheckGelu(int64_t n, Offsets off, bool specials) {
+    const DType dt = GetParam();
+    const size_t es = ElementSize(dt);
+    const uint64_t seed = FreshSeed();
+    std::vector<uint8_t> in = ref::RandomTensor(dt, n, -8.f, 8.f, seed);
+    if (specials && n >= 8) {
+      const float v[] = {kNaN, kInf, -kInf, Big(dt), -Big(dt), 0.f, -0.f, 1e-30f};
+      for (int i = 0; i < 8; ++i) StoreFromFloat(dt, in.data(), static_cast<size_t>(i * (n / 8)), v[i]);
+    }
+    const std::vector<double> want = ref::Gelu(dt, in.data(), n);
+    std::vector<uint8_t> out;
+    const std::string where = Where(dt, 1, n, off.in_elems * es, off.out_elems * es, seed, "gelu");
+    ASSERT_TRUE(RunOp(in, off.in_elems * es, n * es, off.out_elems * es,
+                      [&](const void* i, void* o) { return cuda::LaunchGelu(dt, i, o, n, nullptr); }, &out))
+        << where;
+    const ref::Comparison c = ref::Compare(dt, out.data(), want, ref::DefaultTolerance(dt));
+    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
+  }
+
+  void CheckSoftmax(int64_t rows, int64_t cols, Offsets off, const KernelChoice& k,
+                    const std::function<void(std::vector<uint8_t>&)>& edit = nullptr) {
+    const DType dt = GetParam();
+    const size_t es = ElementSize(dt);
+    const uint64_t seed = FreshSeed();
+    std::vector<uint8_t> in = ref::RandomTensor(dt, rows * cols, -10.f, 10.f, seed);
+    if (edit) edit(in);
+    const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
+    std::vector<uint8_t> out;
+    char desc[128];
+    cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard + off.in_elems * es),
+                          reinterpret_cast<const void*>(kGuard + off.out_elems * es), rows, cols, k, desc,
+                          sizeof desc);
+    const std::string where = Where(dt, rows, cols, off.in_elems * es, off.out_elems * es, seed, desc);
+    ASSERT_TRUE(RunOp(in, off.in_elems * es, rows * cols * es, off.out_elems * es,
+                      [&](const void* i, void* o) {
+                        return cuda::LaunchSoftmaxWith(k, dt, i, o, rows, cols, nullptr);
+                      },
+                      &out))
+        << where;
+    const ref::Comparison c = ref::Compare(dt, out.data(), want, ref::DefaultTolerance(dt));
+    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
+  }
+
+  void CheckRowSum(int64_t rows, int64_t cols, Offsets off, const KernelChoice& k, float lo = -1.f,
+                   float hi = 1.f, const std::function<void(std::vector<uint8_t>&)>& edit = nullptr) {
+    const DType dt = GetParam();
+    const size_t es = ElementSize(dt);
+    const uint64_t seed = FreshSeed();
+    std::vector<uint8_t> in = ref::RandomTensor(dt, rows * cols, lo, hi, seed);
+    if (edit) edit(in);
+    const std::vector<double> want = ref::RowSum(dt, in.data(), rows, cols);
+    std::vector<uint8_t> out;
+    char desc[128];
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard + off.in_elems * es), rows, cols, k, desc,
+                         sizeof desc);
+    const std::string where = Where(dt, rows, cols, off.in_elems * es, off.out_elems * 4, seed, desc);
+    ASSERT_TRUE(RunOp(in, off.in_elems * es, rows * sizeof(float), off.out_elems * sizeof(float),
+                      [&](const void* i, void* o) {
+                        return cuda::LaunchRowSumWith(k, dt, i, static_cast<float*>(o), rows, cols, nullptr);
+                      },
+                      &out))
+        << where;
+    const ref::Comparison c = ref::Compare(DType::kFloat32, out.data(), want, 1e-5);
+    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
+  }
+};
+
+struct RowShape {
+  int64_t rows, cols;
+};
+
+// Shapes that reach every kernel path for each dtype (fp32 W=4, half W=8 elements per access):
+// short rows (<= 512 accesses), block per row, clusters of 2..8 in registers, clusters with
+// shared-memory staging (> 32768 accesses), a streamed remainder, and the scalar path (cols not a
+// multiple of the vector width).
+std::vector<RowShape> Shapes(DType dt) {
+  std::vector<RowShape> s = {{1, 1},     {1, 3},      {1, 1000},   {1, 65537},   {1, 1 << 20},
+                             {257, 1},   {513, 3},    {300, 1000}, {1000, 128},  {64, 2048},
+                             {33, 2052}, {20, 4096},  {9, 8200},   {7, 32768},   {5, 65537},
+                             {3, 131072}, {3, 131080}, {3, 1 << 20}, {2, 262152}};
+  if (!SmallMode()) {
+    if (dt == DType::kFloat32) s.push_back({1, 1 << 24});
+    if (dt == DType::kBFloat16) s.push_back({2, 1 << 22});
+  }
+  return s;
+}
+
+TEST_P(MemoryBound, GeluSizesAndOffsets) {
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{65537}, int64_t{1} << 20, (int64_t{1} << 20) + 3}) {
+    // (0,0) vector path; (1,1), (3,3) same misalignment: scalar head + vectors + tail;
+    // (0,1) different misalignment: scalar kernel.
+    for (Offsets off : {Offsets{0, 0}, Offsets{1, 1}, Offsets{3, 3}, Offsets{0, 1}}) {
+      CheckGelu(n, off, /*specials=*/true);
+    }
+  }
+}
+
+TEST_P(MemoryBound, GeluInPlace) {
+  const DType dt = GetParam();
+  const int64_t n = 100003;
+  const size_t es = ElementSize(dt);
+  const uint64_t seed = FreshSeed();
+  const std::vector<uint8_t> in = ref::RandomTensor(dt, n, -8.f, 8.f, seed);
+  const std::vector<double> want = ref::Gelu(dt, in.data(), n);
+  DeviceBuffer d(n * es);
+  ASSERT_EQ(d.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d.get(), in.data(), n * es, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchGelu(dt, d.get(), d.get(), n, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> out(n * es);
+  ASSERT_EQ(cudaMemcpy(out.data(), d.get(), n * es, cudaMemcpyDeviceToHost), cudaSuccess);
+  const ref::Comparison c = ref::Compare(dt, out.data(), want, ref::DefaultTolerance(dt));
+  EXPECT_TRUE(c.ok) << "seed=" << seed << " rel_error=" << c.rel_error;
+}
+
+TEST_P(MemoryBound, SoftmaxShapes) {
+  for (const RowShape& s : Shapes(GetParam())) {
+    CheckSoftmax(s.rows, s.cols, {0, 0}, KernelChoice{});
+    if (s.rows * s.cols <= (1 << 20) + 8) {
+      CheckSoftmax(s.rows, s.cols, {1, 1}, KernelChoice{});  // unaligned: scalar path
+      CheckSoftmax(s.rows, s.cols, {0, 3}, KernelChoice{});
+    }
+  }
+}
+
+// Special rows: some -inf; all -inf (-> NaN); a NaN (-> NaN); +inf (-> NaN); huge values; all
+// equal huge; and a plain row after them.
+TEST_P(MemoryBound, SoftmaxSpecialRows) {
+  const DType dt = GetParam();
+  for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{4096}, int64_t{65537}, int64_t{1} << 20}) {
+    const int64_t rows = 7;
+    auto edit = [&](std::vector<uint8_t>& in) {
+      std::mt19937 rng(static_cast<uint32_t>(cols));
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
+      for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
+      set(2, cols / 2, kNaN);
+      set(3, cols - 1, kInf);
+      for (int64_t c = 0; c < cols; ++c) set(4, c, u(rng) * Big(dt));
+      for (int64_t c = 0; c < cols; ++c) set(5, c, Big(dt));
+    };
+    CheckSoftmax(rows, cols, {0, 0}, KernelChoice{}, edit);
+    CheckSoftmax(rows, cols, {1, 1}, KernelChoice{}, edit);
+    if (cols == (1 << 20)) {
+      CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 4, 8, 512, 0, 1), edit);  // smem + streamed
+    }
+  }
+}
+
+TEST_P(MemoryBound, RowSumShapes) {
+  for (const RowShape& s : Shapes(GetParam())) {
+    CheckRowSum(s.rows, s.cols, {0, 0}, KernelChoice{});
+    if (s.rows * s.cols <= (1 << 20) + 8) CheckRowSum(s.rows, s.cols, {1, 3}, KernelChoice{});
+  }
+  CheckRowSum(1000, 1000, {0, 0}, KernelChoice{}, 0.f, 1.f);  // well-conditioned sums
+}
+
+TEST_P(MemoryBound, RowSumSpecialRows) {
+  const DType dt = GetParam();
+  for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{65537}, int64_t{1} << 20}) {
+    auto edit = [&](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      set(0, cols / 2, kNaN);
+      set(1, 0, kInf);
+      set(2, 0, -kInf);
+      set(3, 0, -kInf);
+      set(3, cols - 1, kInf);  // -inf + inf = NaN (when cols > 1)
+      for (int64_t c = 0; c < cols; ++c) set(4, c, dt == DType::kFloat16 ? 6.0e4f : 1.0e30f);
+    };
+    CheckRowSum(6, cols, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  }
+}
+
+TEST_P(MemoryBound, RowSumZeroColumns) {
+  DeviceBuffer out(16 * sizeof(float));
+  ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchRowSum(GetParam(), nullptr, reinterpret_cast<float*>(out.get()), 16, 0, nullptr),
+            cudaSuccess);
+  std::vector<float> h(16);
+  ASSERT_EQ(cudaMemcpy(h.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (float v : h) EXPECT_EQ(v, 0.f);
+}
+
+TEST_P(MemoryBound, InvalidArguments) {
+  const DType dt = GetParam();
+  DeviceBuffer b(1024);
+  EXPECT_EQ(cuda::LaunchGelu(dt, b.get(), b.get(), -1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchSoftmax(dt, b.get(), b.get(), -1, 4, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchRowSum(dt, b.get(), reinterpret_cast<float*>(b.get()), 4, -4, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(bench::Choice(3, 0, 0, 0, 0, -1), dt, b.get(), b.get(), 2, 64, nullptr),
+            cudaErrorInvalidValue);  // lanes per row not a power of two
+  EXPECT_EQ(cuda::LaunchGelu(dt, b.get(), b.get(), 0, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Every forced variant the benchmark times, on fewer rows.
+TEST_P(MemoryBound, BenchmarkVariants) {
+  const DType dt = GetParam();
+  for (const bench::Variant& v : bench::Variants()) {
+    if (v.dtype != dt) continue;
+    const int64_t rows = std::min<int64_t>(v.shape.rows, v.shape.cols >= (1 << 20) ? 2 : 300);
+    if (v.op == "softmax") {
+      CheckSoftmax(rows, v.shape.cols, {0, 0}, v.choice);
+    } else {
+      CheckRowSum(rows, v.shape.cols, {0, 0}, v.choice);
+    }
+  }
+}
+
+// ---- More than 2^31 elements (64-bit indexing): inputs filled on the device with one value,
+// outputs checked on the device. bfloat16 only (4 GiB per tensor); not for the sanitizer runs.
+constexpr uint16_t kFillBits = 0x3F3F;  // bfloat16 0.74609375, from a memset of 0x3F bytes
+uint16_t Bf16Bits(double v) { return FloatToBF16(static_cast<float>(v)); }
+
+class HugeTensors : public ::testing::Test {
+ protected:
+  void SetUp() override { REQUIRE_GPU(); }
+};
+
+TEST_F(HugeTensors, GeluOver2Pow31) {
+  const int64_t n = (int64_t{1} << 31) + (1 << 20) + 3;
+  DeviceBuffer in(n * 2), out(n * 2);
+  ASSERT_EQ(in.status(), cudaSuccess);
+  ASSERT_EQ(out.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemset(in.get(), 0x3F, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out.get(), 0xFF, n * 2), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchGelu(DType::kBFloat16, in.get(), out.get(), n, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const uint16_t x = kFillBits;
+  const std::vector<double> g = ref::Gelu(DType::kBFloat16, &x, 1);
+  EXPECT_EQ(testing::CountMismatch16(out.get(), n, Bf16Bits(g[0]), 1), 0);
+}
+
+TEST_F(HugeTensors, SoftmaxRowsOf2Pow24) {
+  const int64_t rows = 129, cols = int64_t{1} << 24, n = rows * cols;
+  DeviceBuffer in(n * 2), out(n * 2);
+  ASSERT_EQ(in.status(), cudaSuccess);
+  ASSERT_EQ(out.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemset(in.get(), 0x3F, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out.get(), 0xFF, n * 2), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmax(DType::kBFloat16, in.get(), out.get(), rows, cols, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(testing::CountMismatch16(out.get(), n, Bf16Bits(1.0 / cols), 0), 0);
+}
+
+TEST_F(HugeTensors, SoftmaxOver2Pow31Rows) {
+  const int64_t rows = (int64_t{1} << 31) + 5;
+  DeviceBuffer in(rows * 2), out(rows * 2);
+  ASSERT_EQ(in.status(), cudaSuccess);
+  ASSERT_EQ(out.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemset(in.get(), 0x3F, rows * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out.get(), 0xFF, rows * 2), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchSoftmax(DType::kBFloat16, in.get(), out.get(), rows, 1, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(testing::CountMismatch16(out.get(), rows, Bf16Bits(1.0), 0), 0);
+}
+
+TEST_F(HugeTensors, RowSumOver2Pow31) {
+  const int64_t rows = 65537, cols = 32768, n = rows * cols;
+  DeviceBuffer in(n * 2), out(rows * 4);
+  ASSERT_EQ(in.status(), cudaSuccess);
+  ASSERT_EQ(out.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemset(in.get(), 0x3F, n * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(out.get(), 0xFF, rows * 4), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchRowSum(DType::kBFloat16, in.get(), reinterpret_cast<float*>(out.get()), rows, cols, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(testing::CountMismatchF32(reinterpret_cast<float*>(out.get()), rows,
+                                      static_cast<float>(cols * BF16ToFloat(kFillBits)), 1e-6f),
+            0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MemoryBound,
+                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& i) { return std::string(DTypeName(i.param)); });
+
+}  // namespace
+}  // namespace fusebox
