@@ -36,8 +36,10 @@ for step in $steps; do
     for tool in memcheck racecheck synccheck; do
       filter='-HugeTensors.*'
       [[ $tool != memcheck ]] && filter='*SoftmaxShapes/float32:*SoftmaxShapes/bfloat16:*RowSumShapes/bfloat16:*BenchmarkVariants/float32'
+      limit=${SANITIZER_LIMIT_S:-100}
+      [[ $tool == memcheck ]] && limit=$((limit * 3 / 2))
       start=$SECONDS
-      FUSEBOX_GPU_TEST_SMALL=1 timeout 240 "$CS" --tool "$tool" --error-exitcode 3 "$T" --gtest_brief=1 \
+      FUSEBOX_GPU_TEST_SMALL=1 timeout "$limit" "$CS" --tool "$tool" --error-exitcode 3 "$T" --gtest_brief=1 \
         --gtest_filter="$filter" >>"$OUT/sanitizer.log" 2>&1
       rc=$?
       echo "$tool: exit $rc in $((SECONDS - start)) s ($(grep -c 'ERROR SUMMARY: 0 errors\|RACECHECK SUMMARY: 0 hazards' "$OUT/sanitizer.log") clean summaries so far)" |
