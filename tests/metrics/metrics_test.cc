@@ -1,0 +1,349 @@
+// Unit tests of the Prometheus exporter (server/metrics.cc): a fake backend,
+// Metrics::Start on a free loopback port, RecordCall, then a plain HTTP GET of
+// /metrics and checks on the parsed exposition text.
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <string>
+
+namespace fusebox {
+namespace {
+
+class FakeBackend final : public Backend {
+ public:
+  std::string name() const override { return "fake"; }
+  std::string device() const override { return "fake:0 Test Device 9000"; }
+  void Submit(const OpCall&, int64_t, OpDone done) override { done(absl::OkStatus(), {}); }
+  BackendStats stats() const override {
+    BackendStats s;
+    s.queued = queued.load();
+    s.busy = 3;
+    s.workers = 4;
+    s.device_memory_used = 1000;
+    s.device_memory_total = 4000;
+    return s;
+  }
+  void Shutdown() override {}
+  std::atomic<int64_t> queued{0};
+};
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return "";
+  }
+  std::string reply;
+  char buf[65536];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = reply.find("\r\n\r\n");
+  return body == std::string::npos ? "" : reply.substr(body + 4);
+}
+
+using LabelSet = std::map<std::string, std::string>;
+
+// Parses `name{a="x",b="y"} value` lines of the text format.
+struct Sample {
+  std::string name;
+  LabelSet labels;
+  double value = NAN;
+};
+
+std::vector<Sample> Parse(const std::string& text) {
+  std::vector<Sample> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    Sample s;
+    const size_t brace = line.find('{');
+    const size_t last_space = line.rfind(' ');
+    size_t end = last_space;
+    if (brace != std::string::npos && brace < last_space) {
+      s.name = line.substr(0, brace);
+      end = line.rfind('}');
+      size_t i = brace + 1;
+      while (i < end) {
+        const size_t eq = line.find('=', i);
+        const size_t q1 = eq + 1;  // opening quote
+        size_t q2 = q1 + 1;
+        std::string value;
+        for (; line[q2] != '"'; ++q2) {
+          if (line[q2] == '\\') ++q2;
+          value += line[q2];
+        }
+        s.labels[line.substr(i, eq - i)] = value;
+        i = q2 + 1;
+        if (i < end && line[i] == ',') ++i;
+      }
+    } else {
+      s.name = line.substr(0, last_space);
+    }
+    s.value = std::stod(line.substr(last_space + 1));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The value of the one sample with this name and exactly these labels; NaN if absent.
+double Value(const std::vector<Sample>& samples, const std::string& name, const LabelSet& labels) {
+  for (const Sample& s : samples) {
+    if (s.name == name && s.labels == labels) return s.value;
+  }
+  return NAN;
+}
+
+// The cumulative count of the phase histogram's bucket whose bound is `le`.
+double Bucket(const std::vector<Sample>& samples, const LabelSet& labels, double le) {
+  for (const Sample& s : samples) {
+    if (s.name != "fusebox_call_phase_duration_seconds_bucket") continue;
+    LabelSet l = s.labels;
+    const double bound = std::stod(l["le"]);  // "+Inf" parses as inf
+    l.erase("le");
+    const bool same = std::isinf(le) ? std::isinf(bound) : std::fabs(bound - le) <= 1e-9 * le;
+    if (l == labels && same) return s.value;
+  }
+  return NAN;
+}
+
+LabelSet Phase(const char* op, const char* dtype, const char* phase) {
+  return {{"op", op}, {"dtype", dtype}, {"device", "fake:0"}, {"phase", phase}};
+}
+
+// One exporter for the whole suite (civetweb takes ~2 s to stop, so it is
+// never stopped): each test records into label combinations no other test
+// touches, so the tests stay independent of their order.
+class MetricsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (metrics_ != nullptr) return;
+    backend_ = new FakeBackend;
+    auto m = Metrics::Start("127.0.0.1:0", backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    metrics_ = m->release();
+    ASSERT_GT(metrics_->port(), 0);
+  }
+  static std::vector<Sample> Scrape() { return Parse(HttpGet(metrics_->port(), "/metrics")); }
+
+  static FakeBackend* backend_;
+  static Metrics* metrics_;
+};
+FakeBackend* MetricsTest::backend_ = nullptr;
+Metrics* MetricsTest::metrics_ = nullptr;
+
+CallRecord GeluOk(double kernel_us) {
+  CallRecord r;
+  r.method = "Gelu";
+  r.op = Op::kGelu;
+  r.dtype = DType::kBFloat16;
+  r.ran = true;
+  r.timing.queue_us = 3;
+  r.timing.copy_in_us = 10;
+  r.timing.kernel_us = kernel_us;
+  r.timing.copy_out_us = 20;
+  r.timing.total_us = 40 + kernel_us;
+  r.bytes_in = 2048;
+  r.bytes_out = 2048;
+  return r;
+}
+
+TEST_F(MetricsTest, EveryLabelComboIsExposedAtZeroBeforeAnyCall) {
+  const auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "MatmulRelu"}, {"code", "UNAVAILABLE"}}),
+            0);
+  EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
+                  Phase("Softmax", "float16", "copy_out")),
+            0);
+  EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "RowSum"}, {"direction", "out"}}),
+            0);
+  EXPECT_EQ(Value(s, "fusebox_calls_in_flight", {}), 0);
+}
+
+TEST_F(MetricsTest, RecordCallFillsEveryPhaseFromTheSameTiming) {
+  metrics_->RecordCall(GeluOk(100));
+  metrics_->RecordCall(GeluOk(300));
+  const auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "Gelu"}, {"code", "OK"}}), 2);
+  EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "Gelu"}, {"direction", "in"}}),
+            4096);
+  EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "Gelu"}, {"direction", "out"}}),
+            4096);
+  const char* phases[] = {"queue", "copy_in", "kernel", "copy_out", "total"};
+  const double sums[] = {6e-6, 20e-6, 400e-6, 40e-6, 480e-6};
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(phases[i]);
+    EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
+                    Phase("Gelu", "bfloat16", phases[i])),
+              2);
+    EXPECT_NEAR(Value(s, "fusebox_call_phase_duration_seconds_sum",
+                      Phase("Gelu", "bfloat16", phases[i])),
+                sums[i], 1e-12);
+  }
+  // 100 us falls in (64 us, 128 us], 300 us in (256 us, 512 us].
+  const LabelSet k = Phase("Gelu", "bfloat16", "kernel");
+  EXPECT_EQ(Bucket(s, k, 64e-6), 0);
+  EXPECT_EQ(Bucket(s, k, 128e-6), 1);
+  EXPECT_EQ(Bucket(s, k, 256e-6), 1);
+  EXPECT_EQ(Bucket(s, k, 512e-6), 2);
+  EXPECT_EQ(Bucket(s, k, INFINITY), 2);
+  // Other dtypes of the same op are untouched.
+  EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
+                  Phase("Gelu", "float32", "kernel")),
+            0);
+}
+
+TEST_F(MetricsTest, BucketsSpanOneMicrosecondToTensOfSeconds) {
+  const auto s = Scrape();
+  std::vector<double> bounds;
+  for (const Sample& x : s) {
+    if (x.name != "fusebox_call_phase_duration_seconds_bucket") continue;
+    LabelSet l = x.labels;
+    const std::string le = l["le"];
+    l.erase("le");
+    if (l == Phase("RowSum", "float32", "total") && le != "+Inf") bounds.push_back(std::stod(le));
+  }
+  ASSERT_FALSE(bounds.empty());
+  EXPECT_DOUBLE_EQ(bounds.front(), 1e-6);
+  EXPECT_GE(bounds.back(), 30.0);
+  EXPECT_LE(bounds.size(), 30u);
+}
+
+TEST_F(MetricsTest, FailedCallCountsItsCodeButNoLatency) {
+  CallRecord r;
+  r.method = "Softmax";
+  r.op = Op::kSoftmax;
+  r.grpc_code = 3;  // INVALID_ARGUMENT
+  metrics_->RecordCall(r);
+  r.grpc_code = 8;  // RESOURCE_EXHAUSTED
+  r.bytes_in = 100;
+  metrics_->RecordCall(r);
+  const auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "Softmax"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+  EXPECT_EQ(
+      Value(s, "fusebox_calls_total", {{"method", "Softmax"}, {"code", "RESOURCE_EXHAUSTED"}}), 1);
+  EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "Softmax"}, {"code", "OK"}}), 0);
+  EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "Softmax"}, {"direction", "in"}}),
+            100);
+  EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
+                  Phase("Softmax", "float32", "total")),
+            0);
+}
+
+TEST_F(MetricsTest, UnknownMethodAndOutOfRangeCodeStayBounded) {
+  CallRecord r;
+  r.method = "NotAMethod";
+  r.grpc_code = 99;
+  metrics_->RecordCall(r);
+  r.method = nullptr;
+  r.grpc_code = -1;
+  metrics_->RecordCall(r);
+  const auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "other"}, {"code", "UNKNOWN"}}), 2);
+  for (const Sample& x : s) {
+    if (x.name == "fusebox_calls_total") EXPECT_NE(x.labels.at("method"), "NotAMethod");
+  }
+}
+
+TEST_F(MetricsTest, MethodsComeFromTheServiceDescriptor) {
+  const auto s = Scrape();
+  for (const char* m : {"Gelu", "Softmax", "RowSum", "MatmulRelu", "Upload", "Download",
+                        "FreeTensor", "ListTensors", "other"}) {
+    EXPECT_FALSE(std::isnan(Value(s, "fusebox_calls_total", {{"method", m}, {"code", "OK"}})))
+        << m;
+  }
+}
+
+TEST_F(MetricsTest, InFlightFollowsStartedAndFinished) {
+  const double before = Value(Scrape(), "fusebox_calls_in_flight", {});
+  metrics_->CallStarted();
+  metrics_->CallStarted();
+  metrics_->CallFinished();
+  EXPECT_EQ(Value(Scrape(), "fusebox_calls_in_flight", {}), before + 1);
+  metrics_->CallFinished();
+}
+
+TEST_F(MetricsTest, BackendGaugesAreReadAtScrapeTime) {
+  const LabelSet dev = {{"device", "fake:0"}};
+  backend_->queued = 7;
+  auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_queued_calls", dev), 7);
+  EXPECT_EQ(Value(s, "fusebox_busy_streams", dev), 3);
+  EXPECT_EQ(Value(s, "fusebox_streams", dev), 4);
+  EXPECT_EQ(Value(s, "fusebox_device_memory_used_bytes", dev), 1000);
+  EXPECT_EQ(Value(s, "fusebox_device_memory_total_bytes", dev), 4000);
+  backend_->queued = 2;
+  EXPECT_EQ(Value(Scrape(), "fusebox_queued_calls", dev), 2);
+}
+
+TEST_F(MetricsTest, ResidentTensorGaugesReadZeroWithoutASource) {
+  const LabelSet dev = {{"device", "fake:0"}};
+  metrics_->SetResidentTensorsSource(nullptr);
+  auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_resident_tensors", dev), 0);
+  EXPECT_EQ(Value(s, "fusebox_resident_tensor_bytes", dev), 0);
+  metrics_->SetResidentTensorsSource([] { return ResidentTensors{5, 1 << 20}; });
+  s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_resident_tensors", dev), 5);
+  EXPECT_EQ(Value(s, "fusebox_resident_tensor_bytes", dev), 1 << 20);
+  metrics_->SetResidentTensorsSource(nullptr);
+}
+
+TEST_F(MetricsTest, BuildInfoNamesVersionBackendAndDevice) {
+  const auto s = Scrape();
+  bool found = false;
+  for (const Sample& x : s) {
+    if (x.name != "fusebox_build_info") continue;
+    found = true;
+    EXPECT_EQ(x.value, 1);
+    EXPECT_EQ(x.labels.at("backend"), "fake");
+    EXPECT_EQ(x.labels.at("device"), "fake:0");
+    EXPECT_EQ(x.labels.at("device_name"), "fake:0 Test Device 9000");
+    EXPECT_FALSE(x.labels.at("version").empty());
+    EXPECT_NE(x.labels.at("version"), "unknown");
+  }
+  EXPECT_TRUE(found);
+}
+
+// exposer_* (scrape counts and latencies) are prometheus-cpp's own, added by
+// its Exposer; every family of ours is fusebox_* and says what it counts.
+TEST_F(MetricsTest, EveryFamilyIsPrefixedAndHasHelp) {
+  const std::string text = HttpGet(metrics_->port(), "/metrics");
+  std::istringstream in(text);
+  int ours = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# HELP ", 0) != 0 || line.rfind("# HELP exposer_", 0) == 0) continue;
+    ++ours;
+    EXPECT_EQ(line.rfind("# HELP fusebox_", 0), 0u) << line;
+    EXPECT_GT(line.size(), std::string("# HELP fusebox_x ").size() + 20) << line;
+  }
+  EXPECT_EQ(ours, 12);
+}
+
+TEST_F(MetricsTest, AddressInUseIsAnErrorNotACrash) {
+  FakeBackend backend;
+  auto second = Metrics::Start("127.0.0.1:" + std::to_string(metrics_->port()), &backend);
+  EXPECT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace fusebox
