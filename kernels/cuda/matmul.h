@@ -1,0 +1,89 @@
+// Matmul fused with ReLU on the GPU: out[M,N] = relu(A[M,K] B[K,N] + bias[N]),
+// every matrix row-major and dense, bias optional, all pointers device memory.
+// Accumulation is float32 for every dtype; the output has the input dtype.
+//
+// Two implementations of the same function:
+//  - CublasLtMatmul: cuBLASLt with the RELU / RELU_BIAS epilogue. Row-major is
+//    handled by the transpose trick (C^T = B^T A^T is a column-major product of
+//    the same buffers), so no copies. float32 is exact (CUBLAS_COMPUTE_32F)
+//    unless allow_tf32 (CUBLAS_COMPUTE_32F_FAST_TF32). The heuristic's choice
+//    is cached per shape/dtype/epilogue/alignment in a MatmulAlgoCache that
+//    every runner of a device shares (thread-safe); each runner owns one
+//    cuBLASLt handle and one workspace (32 MiB by default, allocated once at
+//    creation: nothing is allocated per call). One runner per stream/thread.
+//  - LaunchMatmulReluTiled (matmul_tiled.cu): our own tensor-core kernel for
+//    float16/bfloat16 (mma.sync m16n8k16, cp.async multi-stage pipeline), any
+//    M, N, K; float32 goes to an exact CUDA-core (FFMA) kernel, never TF32.
+//
+// ReLU keeps NaN: relu(NaN) = NaN in the tiled kernel, like the CPU reference.
+// Errors are returned, never abort: shapes out of range are INVALID_ARGUMENT,
+// cuBLASLt allocation failures RESOURCE_EXHAUSTED, unsupported cases
+// UNIMPLEMENTED, anything else INTERNAL, each with the library's message.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace fusebox::cuda {
+
+struct MatmulArgs {
+  DType dtype = DType::kFloat32;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;     // [m, k]
+  const void* b = nullptr;     // [k, n]
+  const void* bias = nullptr;  // [n] of dtype, or null
+  void* out = nullptr;         // [m, n]
+  bool allow_tf32 = false;     // float32 only: may round inputs to TF32
+};
+
+// Shapes must be >= 0 (0 is a no-op, K = 0 gives relu(bias)) and below 2^31
+// per dimension; pointers non-null where elements exist.
+absl::Status ValidateMatmul(const MatmulArgs& args);
+
+// Heuristic results shared by the runners of one device. Bounded: when it
+// holds kMaxEntries shapes it is cleared (clients choose shapes freely).
+class MatmulAlgoCache;
+std::shared_ptr<MatmulAlgoCache> NewMatmulAlgoCache();
+
+class CublasLtMatmul {
+ public:
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+
+  // Creates the handle and the workspace on the current device.
+  static absl::StatusOr<std::unique_ptr<CublasLtMatmul>> Create(
+      std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~CublasLtMatmul();
+  CublasLtMatmul(const CublasLtMatmul&) = delete;
+  CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;
+
+  // Enqueues the product on `stream`; returns once it is enqueued.
+  // Not thread-safe: one runner per thread (the cache is shared safely).
+  absl::Status Run(const MatmulArgs& args, cudaStream_t stream);
+  // Runs the heuristic for these arguments now (if not cached), so that a
+  // later Run only launches. Enqueues nothing.
+  absl::Status Prepare(const MatmulArgs& args);
+
+ private:
+  struct Impl;
+  struct Plan;
+  absl::Status MakePlan(const MatmulArgs& args, Plan* plan);
+  explicit CublasLtMatmul(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Our tiled kernel. Enqueues on `stream`; returns the launch's error.
+// Needs no workspace and no handle; safe from any thread.
+cudaError_t LaunchMatmulReluTiled(const MatmulArgs& args, cudaStream_t stream);
+
+// Converts a CUDA error to a status with `what` as context
+// (cudaErrorMemoryAllocation -> RESOURCE_EXHAUSTED, else INTERNAL).
+absl::Status CudaStatus(cudaError_t err, const char* what);
+
+}  // namespace fusebox::cuda

@@ -1,0 +1,260 @@
+// Matmul+ReLU through cuBLASLt (see matmul.h for the contract).
+//
+// Row-major out[M,N] = A[M,K] B[K,N] is, read column-major, out^T[N,M] =
+// B^T[N,K] A^T[K,M]: cuBLASLt gets (m', n', k') = (N, M, K) with B as its
+// "A" (N x K, ld N) and A as its "B" (K x M, ld K), no transposes, and the
+// epilogue's bias vector (length = rows of D = N) lands on our columns.
+//
+// Cost per call: descriptors live on the stack (the *Init forms, no heap);
+// the heuristic runs once per (shape, dtype, bias, tf32, alignments) and is
+// cached; then one cublasLtMatmul launch. The workspace (32 MiB) is
+// allocated once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
+// which cuBLASLt does not do.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/matmul.h"
+
+namespace fusebox::cuda {
+namespace {
+
+absl::Status CublasStatus(cublasStatus_t st, const char* what) {
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat("cuBLASLt ", what, ": ", cublasLtGetStatusName(st), " (",
+                   cublasLtGetStatusString(st), ")");
+  switch (st) {
+    case CUBLAS_STATUS_ALLOC_FAILED: return absl::ResourceExhaustedError(msg);
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH: return absl::UnimplementedError(msg);
+    case CUBLAS_STATUS_INVALID_VALUE: return absl::InvalidArgumentError(msg);
+    default: return absl::InternalError(msg);
+  }
+}
+
+#define FUSEBOX_LT(call, what)                                      \
+  do {                                                              \
+    if (absl::Status s_ = CublasStatus((call), what); !s_.ok()) return s_; \
+  } while (0)
+
+// Largest power of two (<= 256) dividing the address: what cuBLASLt's
+// heuristic needs to know, and part of the cache key.
+uint32_t Alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && (v % a) != 0) a >>= 1;
+  return a;
+}
+
+cudaDataType DataType(DType d) {
+  switch (d) {
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+struct AlgoKey {
+  int64_t m, n, k;
+  int dtype;
+  bool bias, tf32;
+  uint32_t align_a, align_b, align_c, align_bias;
+  bool operator==(const AlgoKey& o) const {
+    return m == o.m && n == o.n && k == o.k && dtype == o.dtype && bias == o.bias &&
+           tf32 == o.tf32 && align_a == o.align_a && align_b == o.align_b &&
+           align_c == o.align_c && align_bias == o.align_bias;
+  }
+};
+
+struct AlgoKeyHash {
+  size_t operator()(const AlgoKey& k) const {
+    size_t h = std::hash<int64_t>()(k.m);
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(k.n); mix(k.k); mix(k.dtype); mix(k.bias); mix(k.tf32);
+    mix(k.align_a); mix(k.align_b); mix(k.align_c); mix(k.align_bias);
+    return h;
+  }
+};
+
+}  // namespace
+
+class MatmulAlgoCache {
+ public:
+  static constexpr size_t kMaxEntries = 4096;
+
+  bool Find(const AlgoKey& key, cublasLtMatmulAlgo_t* algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+  void Put(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= kMaxEntries) map_.clear();
+    map_[key] = algo;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> map_;
+};
+
+std::shared_ptr<MatmulAlgoCache> NewMatmulAlgoCache() {
+  return std::make_shared<MatmulAlgoCache>();
+}
+
+absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  const std::string msg =
+      absl::StrCat("CUDA ", what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status ValidateMatmul(const MatmulArgs& a) {
+  constexpr int64_t kMax = int64_t{1} << 31;
+  if (a.m < 0 || a.n < 0 || a.k < 0 || a.m >= kMax || a.n >= kMax || a.k >= kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul shape ", a.m, "x", a.n, "x", a.k, " out of range [0, 2^31)"));
+  }
+  if (a.m > 0 && a.n > 0 && a.out == nullptr) return absl::InvalidArgumentError("matmul: null output");
+  if (a.m > 0 && a.n > 0 && a.k > 0 && (a.a == nullptr || a.b == nullptr)) {
+    return absl::InvalidArgumentError("matmul: null input");
+  }
+  return absl::OkStatus();
+}
+
+struct CublasLtMatmul::Impl {
+  std::shared_ptr<MatmulAlgoCache> cache;
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
+  ~Impl() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (handle) cublasLtDestroy(handle);
+    if (workspace) cudaFree(workspace);
+  }
+};
+
+CublasLtMatmul::CublasLtMatmul(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CublasLtMatmul::~CublasLtMatmul() = default;
+
+absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
+    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes) {
+  auto impl = std::make_unique<Impl>();
+  impl->cache = cache ? std::move(cache) : NewMatmulAlgoCache();
+  FUSEBOX_LT(cublasLtCreate(&impl->handle), "create");
+  FUSEBOX_LT(cublasLtMatmulPreferenceCreate(&impl->pref), "preference create");
+  if (workspace_bytes > 0) {
+    if (absl::Status s = CudaStatus(cudaMalloc(&impl->workspace, workspace_bytes),
+                                    "cudaMalloc(cuBLASLt workspace)");
+        !s.ok()) {
+      cudaGetLastError();
+      return s;
+    }
+  }
+  impl->workspace_bytes = workspace_bytes;
+  FUSEBOX_LT(cublasLtMatmulPreferenceSetAttribute(impl->pref,
+                                                  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &impl->workspace_bytes,
+                                                  sizeof(impl->workspace_bytes)),
+             "workspace preference");
+  return std::unique_ptr<CublasLtMatmul>(new CublasLtMatmul(std::move(impl)));
+}
+
+// Descriptors (on the stack: the *Init forms allocate nothing) and the algorithm.
+struct CublasLtMatmul::Plan {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatrixLayoutOpaque_t la, lb, lc;
+  cublasLtMatmulAlgo_t algo;
+};
+
+absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
+  const cudaDataType type = DataType(args.dtype);
+  const cublasComputeType_t compute = (args.dtype == DType::kFloat32 && args.allow_tf32)
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  cublasLtMatmulDesc_t desc = &plan->desc;
+  FUSEBOX_LT(cublasLtMatmulDescInit(desc, compute, CUDA_R_32F), "matmul desc");
+  const cublasLtEpilogue_t epi = args.bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+  FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+             "epilogue");
+  if (args.bias) {
+    // The bias has the output's type, cuBLASLt's default for these types;
+    // set explicitly so the contract is visible here.
+    const int32_t bias_type = type;
+    FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                              &bias_type, sizeof bias_type),
+               "bias type");
+    FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias,
+                                              sizeof args.bias),
+               "bias pointer");
+  }
+  // Column-major view: D (N x M, ld N) = Bcm (N x K, ld N) * Acm (K x M, ld K).
+  cublasLtMatrixLayout_t la = &plan->la, lb = &plan->lb, lc = &plan->lc;
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(la, type, args.n, args.k, args.n), "layout B");
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(lb, type, args.k, args.m, args.k), "layout A");
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(lc, type, args.n, args.m, args.n), "layout C");
+
+  const AlgoKey key{args.m, args.n, args.k, static_cast<int>(args.dtype), args.bias != nullptr,
+                    compute == CUBLAS_COMPUTE_32F_FAST_TF32, Alignment(args.a), Alignment(args.b),
+                    Alignment(args.out), args.bias ? Alignment(args.bias) : 256u};
+  if (impl_->cache->Find(key, &plan->algo)) return absl::OkStatus();
+
+  // cuBLASLt's "A" is the user's B and its "B" the user's A.
+  const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_c, key.align_c};
+  const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    FUSEBOX_LT(cublasLtMatmulPreferenceSetAttribute(impl_->pref, attrs[i], &aligns[i],
+                                                    sizeof aligns[i]),
+               "alignment preference");
+  }
+  cublasLtMatmulHeuristicResult_t result;
+  std::memset(&result, 0, sizeof result);
+  int found = 0;
+  FUSEBOX_LT(cublasLtMatmulAlgoGetHeuristic(impl_->handle, desc, la, lb, lc, lc, impl_->pref, 1,
+                                            &result, &found),
+             "heuristic");
+  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for matmul ", args.m, "x", args.n, "x", args.k, " ",
+        DTypeName(args.dtype), args.bias ? " with bias" : ""));
+  }
+  plan->algo = result.algo;
+  impl_->cache->Put(key, plan->algo);
+  return absl::OkStatus();
+}
+
+absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args) {
+  if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
+  if (args.m == 0 || args.n == 0 || args.k == 0) return absl::OkStatus();
+  Plan plan;
+  return MakePlan(args, &plan);
+}
+
+absl::Status CublasLtMatmul::Run(const MatmulArgs& args, cudaStream_t stream) {
+  if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
+  if (args.m == 0 || args.n == 0) return absl::OkStatus();
+  if (args.k == 0) return CudaStatus(LaunchMatmulReluTiled(args, stream), "tiled matmul (K=0)");
+  Plan plan;
+  if (absl::Status s = MakePlan(args, &plan); !s.ok()) return s;
+  const float alpha = 1.0f, beta = 0.0f;
+  FUSEBOX_LT(cublasLtMatmul(impl_->handle, &plan.desc, &alpha, args.b, &plan.la, args.a, &plan.lb,
+                            &beta, args.out, &plan.lc, args.out, &plan.lc, &plan.algo,
+                            impl_->workspace, impl_->workspace_bytes, stream),
+             "matmul");
+  return absl::OkStatus();
+}
+
+}  // namespace fusebox::cuda
