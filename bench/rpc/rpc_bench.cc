@@ -32,6 +32,9 @@ usage: fusebox-rpc-bench --server HOST:PORT [options]
   --max_calls N        ... and at most (default 20000)
   --max_seconds S      stop measuring a case after S seconds once min_calls are done (default 5)
   --warmup_seconds S   warm-up time per case, at least 2 calls per caller (default 0.5)
+  --output_buffer B    reused | fresh: reuse one result buffer per caller (Client::Call) or
+                       get a new one per call (Client::Gelu) (default reused)
+  --no_header          do not print the table header
   --channels N         separate client channels (TCP connections) shared round-robin (default 1)
   --dtype D            float32 | float16 | bfloat16 (default float32)
   --channel_arg K=V    extra integer gRPC channel argument (repeatable),
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
   int64_t min_calls = 20, max_calls = 20000;
   double max_seconds = 5, warmup_seconds = 0.5;
   int channels = 1;
+  bool reuse_output = true, header = true;
   std::vector<std::pair<std::string, int>> channel_args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
@@ -106,6 +110,8 @@ int main(int argc, char** argv) {
     else if (a == "--warmup_seconds") warmup_seconds = std::atof(v.c_str());
     else if (a == "--channels") channels = std::max(1, std::atoi(v.c_str()));
     else if (a == "--dtype") dtype_arg = v;
+    else if (a == "--output_buffer") reuse_output = v != "fresh";
+    else if (a == "--no_header") { header = false; if (eq == std::string::npos && !v.empty()) --i; }
     else if (a == "--channel_arg" && v.find('=') != std::string::npos)
       channel_args.emplace_back(v.substr(0, v.find('=')), std::atoi(v.c_str() + v.find('=') + 1));
     else { std::fprintf(stderr, "fusebox-rpc-bench: unknown option %s\n%s", a.c_str(), kUsage); return 2; }
@@ -127,9 +133,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("| payload | callers | request path | calls | p50 us | p99 us | mean us | calls/s | "
+  if (header) std::printf("| payload | callers | request path | output buffer | calls | p50 us | p99 us | mean us | calls/s | "
               "GB/s in | GB/s in+out | server total p50 us | server kernel p50 us |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  if (header) std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
 
   for (const Case& cs : cases) {
@@ -166,6 +172,7 @@ int main(int argc, char** argv) {
     auto worker = [&](int id, bool measure, Clock::time_point until) {
       fc::Client& c = *clients[id % channels];
       std::vector<double> l, st, sk;
+      fc::OpResult reused;
       int done = 0;
       while (!failed) {
         if (measure) {
@@ -174,17 +181,25 @@ int main(int argc, char** argv) {
         } else if (done >= 2 && Clock::now() >= until) {
           break;
         }
-        auto r = c.Gelu(in);
-        if (!r.ok()) {
+        absl::StatusOr<fc::OpResult> fresh;
+        absl::Status status;
+        if (reuse_output) {
+          status = c.Call(fc::Op::kGelu, {&in}, &reused);
+        } else {
+          fresh = c.Gelu(in);
+          status = fresh.status();
+        }
+        if (!status.ok()) {
           std::lock_guard<std::mutex> lock(mu);
           failed = true;
-          error = r.status().ToString();
+          error = status.ToString();
           break;
         }
+        const fc::Timing& t = reuse_output ? reused.timing : fresh->timing;
         ++done;
-        l.push_back(r->timing.rpc_us);
-        st.push_back(r->timing.total_us);
-        sk.push_back(r->timing.kernel_us);
+        l.push_back(t.rpc_us);
+        st.push_back(t.total_us);
+        sk.push_back(t.kernel_us);
       }
       if (measure) {
         std::lock_guard<std::mutex> lock(mu);
@@ -210,9 +225,10 @@ int main(int argc, char** argv) {
     }
     const double calls = static_cast<double>(lat.size());
     const double gbs_in = calls * static_cast<double>(cs.bytes) / wall / 1e9;
-    std::printf("| %s | %d | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.3f | %.3f | %.1f | %.1f |\n",
+    std::printf("| %s | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.3f | %.3f | %.1f | %.1f |\n",
                 HumanSize(cs.bytes).c_str(), cs.callers,
-                cs.path == fc::RequestPath::kZeroCopy ? "zerocopy" : "protobuf", lat.size(),
+                cs.path == fc::RequestPath::kZeroCopy ? "zerocopy" : "protobuf",
+                reuse_output ? "reused" : "fresh", lat.size(),
                 Percentile(lat, 0.5), Percentile(lat, 0.99),
                 [&] { double s = 0; for (double v : lat) s += v; return s / std::max(1.0, calls); }(),
                 calls / wall, gbs_in, 2 * gbs_in, Percentile(srv_total, 0.5), Percentile(srv_kernel, 0.5));

@@ -37,8 +37,11 @@ done
 [[ -n "$port" ]] || { cat "$log" "$errlog" >&2; echo "server did not start" >&2; exit 1; }
 banner=$(head -1 "$log")
 
-table=$("$bench_bin" --server "127.0.0.1:$port" --cases 4KiB:1,4KiB:8,64MiB:1 \
-  --request_path zerocopy,protobuf ${BENCH_ARGS:-})
+b=("$bench_bin" --server "127.0.0.1:$port" ${BENCH_ARGS:-})
+table=$("${b[@]}" --cases 4KiB:1,4KiB:8,64MiB:1)
+# The 64 MiB alternatives: a serialized protobuf request; a fresh result buffer per call.
+table+=$'\n'$("${b[@]}" --no_header --cases 64MiB:1 --request_path protobuf)
+table+=$'\n'$("${b[@]}" --no_header --cases 64MiB:1 --output_buffer fresh)
 
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 git diff --quiet HEAD -- client bench server 2>/dev/null || commit="$commit (+ uncommitted changes)"
@@ -55,8 +58,10 @@ mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
   echo "- client: fusebox-rpc-bench (C++ client, one channel, synchronous calls), 127.0.0.1 loopback"
   echo "- GB/s in = request payload bytes / wall time; in+out counts the equal-sized response too."
   echo "  p50/p99 are client round trips; server total/kernel are the server's own Timing."
-  echo "  zerocopy = request payload referenced, not copied, on the client; protobuf = a request"
-  echo "  message built and serialized (two client-side copies of the payload)."
+  echo "  request path: zerocopy = the payload is referenced, not copied, by the request;"
+  echo "  protobuf = a request message is built and serialized (two client-side copies)."
+  echo "  output buffer: reused = one result per caller, its buffer's capacity kept across calls;"
+  echo "  fresh = a new 64 MiB buffer per call (glibc mmaps it: a page fault per 4 KiB)."
   echo
   echo "$table"
 } >"$out"

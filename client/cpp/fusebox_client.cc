@@ -2,6 +2,7 @@
 // a generic stub, protobuf-parsed responses, one completion queue per thread.
 #include "client/cpp/fusebox_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <limits>
@@ -139,30 +140,151 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const HostTensor* const* tensors, i
   return Serialize(req);
 }
 
-template <typename Resp>
-absl::Status ParseResponse(grpc::ByteBuffer* bb, OpResult* result) {
-  Resp resp;
-  grpc::Status s = grpc::SerializationTraits<Resp>::Deserialize(bb, &resp);
-  if (!s.ok()) return absl::InternalError("cannot parse the server's response: " + s.error_message());
-  if (!resp.output().has_tensor()) {
-    return absl::InternalError(resp.output().has_handle()
-                                   ? "server returned a handle; inline output was expected"
-                                   : "server response has no output tensor");
+// Reads protobuf wire data straight out of a response's slices (no flattening).
+class SliceReader {
+ public:
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : s_(slices) { Normalize(); }
+  size_t pos() const { return pos_; }
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (i_ >= s_.size()) return false;
+      const uint8_t b = s_[i_].begin()[off_];
+      Advance(1);
+      *v |= uint64_t{b & 0x7fu} << shift;
+      if (!(b & 0x80)) return true;
+    }
+    return false;
   }
-  pb::Tensor* t = resp.mutable_output()->mutable_tensor();
-  result->output.dtype = static_cast<DType>(static_cast<int>(t->dtype()));
-  result->output.shape.assign(t->shape().begin(), t->shape().end());
-  result->output.data.swap(*t->mutable_data());
-  const pb::Timing& tm = resp.timing();
-  Timing& o = result->timing;
-  o.queue_us = tm.queue_us();
-  o.copy_in_us = tm.copy_in_us();
-  o.kernel_us = tm.kernel_us();
-  o.copy_out_us = tm.copy_out_us();
-  o.total_us = tm.total_us();
-  o.backend = tm.backend();
-  o.device = tm.device();
-  o.stream = tm.stream();
+  // Appends the next n bytes to *out, or skips them when out is null.
+  bool Take(uint64_t n, std::string* out) {
+    while (n > 0) {
+      if (i_ >= s_.size()) return false;
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, s_[i_].size() - off_));
+      if (out) out->append(reinterpret_cast<const char*>(s_[i_].begin()) + off_, k);
+      Advance(k);
+      n -= k;
+    }
+    return true;
+  }
+  bool Skip(int wire) {
+    uint64_t v;
+    switch (wire) {
+      case 0: return Varint(&v);
+      case 1: return Take(8, nullptr);
+      case 2: return Varint(&v) && Take(v, nullptr);
+      case 5: return Take(4, nullptr);
+      default: return false;
+    }
+  }
+
+ private:
+  void Advance(size_t k) {
+    off_ += k;
+    pos_ += k;
+    Normalize();
+  }
+  void Normalize() {
+    while (i_ < s_.size() && off_ >= s_[i_].size()) {
+      off_ = 0;
+      ++i_;
+    }
+  }
+  const std::vector<grpc::Slice>& s_;
+  size_t i_ = 0, off_ = 0, pos_ = 0;
+};
+
+// Tensor { dtype = 1; repeated int64 shape = 2; bytes data = 3; }
+bool ParseTensor(SliceReader& r, size_t end, HostTensor* t, bool* has_data) {
+  while (r.pos() < end) {
+    uint64_t key, v;
+    if (!r.Varint(&key)) return false;
+    const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
+    if (field == 1 && wire == 0) {
+      if (!r.Varint(&v)) return false;
+      t->dtype = static_cast<DType>(static_cast<int>(v));
+    } else if (field == 2 && wire == 2) {  // packed
+      if (!r.Varint(&v)) return false;
+      const size_t e = r.pos() + v;
+      while (r.pos() < e) {
+        uint64_t d;
+        if (!r.Varint(&d)) return false;
+        t->shape.push_back(static_cast<int64_t>(d));
+      }
+    } else if (field == 2 && wire == 0) {  // unpacked
+      if (!r.Varint(&v)) return false;
+      t->shape.push_back(static_cast<int64_t>(v));
+    } else if (field == 3 && wire == 2) {
+      if (!r.Varint(&v)) return false;
+      // clear() keeps the capacity: a reused result needs no fresh allocation.
+      t->data.clear();
+      t->data.reserve(v);
+      if (!r.Take(v, &t->data)) return false;
+      *has_data = true;
+    } else if (!r.Skip(wire)) {
+      return false;
+    }
+  }
+  return r.pos() == end;
+}
+
+// Every op response: { TensorRef output = 1; Timing timing = 2; }, with
+// TensorRef { oneof { Tensor tensor = 1; string handle = 2; } }.
+absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
+  const size_t total = bb.Length();
+  SliceReader r(slices);
+  HostTensor& out = result->output;
+  out.dtype = static_cast<DType>(0);
+  out.shape.clear();
+  out.data.clear();
+  result->handle.clear();
+  result->timing = Timing();
+  bool has_tensor = false, has_data = false;
+  auto bad = [] { return absl::InternalError("cannot parse the server's response"); };
+  while (r.pos() < total) {
+    uint64_t key, len;
+    if (!r.Varint(&key)) return bad();
+    const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
+    if (field == 1 && wire == 2) {
+      if (!r.Varint(&len)) return bad();
+      const size_t end = r.pos() + len;
+      while (r.pos() < end) {
+        uint64_t k2, l2;
+        if (!r.Varint(&k2)) return bad();
+        if (k2 == ((1 << 3) | 2)) {
+          if (!r.Varint(&l2) || !ParseTensor(r, r.pos() + l2, &out, &has_data)) return bad();
+          has_tensor = true;
+        } else if (k2 == ((2 << 3) | 2)) {
+          if (!r.Varint(&l2)) return bad();
+          result->handle.clear();
+          if (!r.Take(l2, &result->handle)) return bad();
+        } else if (!r.Skip(static_cast<int>(k2 & 7))) {
+          return bad();
+        }
+      }
+    } else if (field == 2 && wire == 2) {
+      std::string bytes;
+      pb::Timing tm;
+      if (!r.Varint(&len) || !r.Take(len, &bytes) || !tm.ParseFromString(bytes)) return bad();
+      Timing& o = result->timing;
+      o.queue_us = tm.queue_us();
+      o.copy_in_us = tm.copy_in_us();
+      o.kernel_us = tm.kernel_us();
+      o.copy_out_us = tm.copy_out_us();
+      o.total_us = tm.total_us();
+      o.backend = tm.backend();
+      o.device = tm.device();
+      o.stream = tm.stream();
+    } else if (!r.Skip(wire)) {
+      return bad();
+    }
+  }
+  if (!has_tensor && result->handle.empty()) {
+    return absl::InternalError("server response has no output tensor");
+  }
+  (void)has_data;
   return absl::OkStatus();
 }
 
@@ -228,6 +350,10 @@ bool ParseDType(const std::string& name, DType* out) {
   return true;
 }
 
+absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result) {
+  return ParseResponse(response, result);
+}
+
 grpc::ByteBuffer EncodeRequestForTest(bool matmul, const HostTensor* const* tensors, int count,
                                       bool allow_tf32, int impl) {
   return Encode(matmul, tensors, count, allow_tf32, impl, nullptr);
@@ -272,16 +398,23 @@ absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer
   return FromGrpc(status);
 }
 
-absl::StatusOr<OpResult> Client::Run(Op op, const HostTensor* const* tensors, int count,
-                                     const CallOptions& opts) {
+absl::Status Client::Call(Op op, const std::vector<const HostTensor*>& inputs, OpResult* result,
+                          const CallOptions& opts) {
   static const char* kMethods[] = {"/fusebox.v1.KernelService/Gelu",
                                    "/fusebox.v1.KernelService/Softmax",
                                    "/fusebox.v1.KernelService/RowSum",
                                    "/fusebox.v1.KernelService/MatmulRelu"};
   const bool matmul = op == Op::kMatmulRelu;
+  const int count = static_cast<int>(inputs.size());
+  if (count != (matmul ? 2 : 1) && !(matmul && count == 3)) {
+    return absl::InvalidArgumentError(matmul ? "matmul_relu takes a, b and an optional bias"
+                                             : "this op takes one input");
+  }
+  for (const HostTensor* t : inputs) {
+    if (t == nullptr) return absl::InvalidArgumentError("null input tensor");
+  }
   const int impl = static_cast<int>(opts.impl);
   const auto start = Clock::now();
-  OpResult result;
   grpc::ByteBuffer response;
   absl::Status st;
   {
@@ -289,41 +422,40 @@ absl::StatusOr<OpResult> Client::Run(Op op, const HostTensor* const* tensors, in
     {
       grpc::ByteBuffer request =
           options_.request_path == RequestPath::kZeroCopy
-              ? Encode(matmul, tensors, count, opts.allow_tf32, impl, &refs)
-              : EncodeProtobuf(matmul, tensors, count, opts.allow_tf32, impl);
+              ? Encode(matmul, inputs.data(), count, opts.allow_tf32, impl, &refs)
+              : EncodeProtobuf(matmul, inputs.data(), count, opts.allow_tf32, impl);
       st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout);
     }
     refs.WaitAllReleased();
   }
   if (!st.ok()) return st;
-  switch (op) {
-    case Op::kGelu: st = ParseResponse<pb::GeluResponse>(&response, &result); break;
-    case Op::kSoftmax: st = ParseResponse<pb::SoftmaxResponse>(&response, &result); break;
-    case Op::kRowSum: st = ParseResponse<pb::RowSumResponse>(&response, &result); break;
-    case Op::kMatmulRelu: st = ParseResponse<pb::MatmulReluResponse>(&response, &result); break;
-  }
+  st = ParseResponse(response, result);
   if (!st.ok()) return st;
-  result.timing.rpc_us =
-      std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  result->timing.rpc_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OpResult> Client::Run(Op op, std::vector<const HostTensor*> inputs,
+                                     const CallOptions& opts) {
+  OpResult result;
+  absl::Status st = Call(op, inputs, &result, opts);
+  if (!st.ok()) return st;
   return result;
 }
 
 absl::StatusOr<OpResult> Client::Gelu(const HostTensor& input, const CallOptions& opts) {
-  const HostTensor* t[] = {&input};
-  return Run(Op::kGelu, t, 1, opts);
+  return Run(Op::kGelu, {&input}, opts);
 }
 absl::StatusOr<OpResult> Client::Softmax(const HostTensor& input, const CallOptions& opts) {
-  const HostTensor* t[] = {&input};
-  return Run(Op::kSoftmax, t, 1, opts);
+  return Run(Op::kSoftmax, {&input}, opts);
 }
 absl::StatusOr<OpResult> Client::RowSum(const HostTensor& input, const CallOptions& opts) {
-  const HostTensor* t[] = {&input};
-  return Run(Op::kRowSum, t, 1, opts);
+  return Run(Op::kRowSum, {&input}, opts);
 }
 absl::StatusOr<OpResult> Client::MatmulRelu(const HostTensor& a, const HostTensor& b,
                                             const HostTensor* bias, const CallOptions& opts) {
-  const HostTensor* t[] = {&a, &b, bias};
-  return Run(Op::kMatmulRelu, t, bias ? 3 : 2, opts);
+  if (bias) return Run(Op::kMatmulRelu, {&a, &b, bias}, opts);
+  return Run(Op::kMatmulRelu, {&a, &b}, opts);
 }
 
 absl::StatusOr<HealthStatus> Client::Health(const std::string& service,

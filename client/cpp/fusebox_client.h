@@ -6,8 +6,8 @@
 // Request payloads are not copied on the client: the request is encoded by hand
 // into a grpc::ByteBuffer whose data slices point at the caller's HostTensor
 // bytes (which must stay alive for the call; calls are synchronous, so they do).
-// The response is parsed once by protobuf and its bytes are moved, not copied,
-// into the returned HostTensor. RequestPath::kProtobuf builds a normal request
+// The response is parsed by hand straight from the received slices: the output
+// bytes are copied once, into the result's buffer (reusable, see Call). RequestPath::kProtobuf builds a normal request
 // message instead (two client-side copies), kept to measure the difference.
 //
 // A Client is thread-safe: one channel, many concurrent calls.
@@ -56,7 +56,10 @@ struct Timing {
 struct OpResult {
   HostTensor output;
   Timing timing;
+  std::string handle;  // set instead of output when the server kept the result
 };
+
+enum class Op { kGelu, kSoftmax, kRowSum, kMatmulRelu };
 
 enum class RequestPath { kZeroCopy, kProtobuf };
 enum class MatmulImpl { kDefault = 0, kCublasLt = 1, kTiled = 2 };
@@ -101,6 +104,12 @@ class Client {
   absl::StatusOr<OpResult> MatmulRelu(const HostTensor& a, const HostTensor& b,
                                       const HostTensor* bias, const CallOptions& opts = {});
 
+  // Any op, writing into *result. result->output.data keeps its capacity, so a
+  // result reused across calls needs no fresh allocation (for large tensors
+  // that saves a page fault per 4 KiB). inputs: {input} or {a, b[, bias]}.
+  absl::Status Call(Op op, const std::vector<const HostTensor*>& inputs, OpResult* result,
+                    const CallOptions& opts = {});
+
   // grpc.health.v1.Health/Check; service "" = the whole server.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
                                       std::chrono::milliseconds timeout =
@@ -110,8 +119,7 @@ class Client {
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, Options options);
-  enum class Op { kGelu, kSoftmax, kRowSum, kMatmulRelu };
-  absl::StatusOr<OpResult> Run(Op op, const HostTensor* const* tensors, int count,
+  absl::StatusOr<OpResult> Run(Op op, std::vector<const HostTensor*> inputs,
                                const CallOptions& opts);
   absl::Status UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
                          grpc::ByteBuffer* response, std::chrono::milliseconds timeout);
@@ -126,6 +134,9 @@ absl::Status FromGrpc(const grpc::Status& s);
 
 // "float32", "float16", "bfloat16"; false for anything else.
 bool ParseDType(const std::string& name, DType* out);
+
+// Parses an op response (any of the four) the way the client does (for the tests).
+absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
 
 // Encodes a request exactly like protobuf would (exposed for the tests).
 // tensors: the op's tensor fields in field order (input; or a, b[, bias]).

@@ -362,7 +362,7 @@ TEST_F(IntegrationTest, MissingTensorIsInvalidArgument) {
   ExpectStillServing();
 }
 
-TEST_F(IntegrationTest, HandleArgumentIsNotServedYet) {
+TEST_F(IntegrationTest, UnknownHandleIsRejected) {
   auto stub = v1::KernelService::NewStub(client_->channel());
   grpc::ClientContext ctx;
   v1::GeluRequest req;

@@ -57,6 +57,79 @@ TEST(RequestEncoderTest, MatmulRequestMatchesProtobufBytes) {
   }
 }
 
+// Splits bytes into slices of the given sizes (the rest in one last slice).
+grpc::ByteBuffer Sliced(const std::string& bytes, std::vector<size_t> sizes) {
+  std::vector<grpc::Slice> slices;
+  size_t pos = 0;
+  for (size_t n : sizes) {
+    n = std::min(n, bytes.size() - pos);
+    slices.emplace_back(bytes.data() + pos, n);
+    pos += n;
+  }
+  slices.emplace_back(bytes.data() + pos, bytes.size() - pos);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(ResponseParserTest, ReadsTensorAndTimingAcrossSliceBoundaries) {
+  v1::MatmulReluResponse resp;
+  auto* t = resp.mutable_output()->mutable_tensor();
+  t->set_dtype(v1::FLOAT16);
+  t->add_shape(3);
+  t->add_shape(300);
+  std::string data(1800, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7);
+  t->set_data(data);
+  auto* tm = resp.mutable_timing();
+  tm->set_queue_us(1.5);
+  tm->set_kernel_us(2.5);
+  tm->set_total_us(9);
+  tm->set_backend("cpu");
+  tm->set_device("cpu");
+  tm->set_stream(3);
+  const std::string bytes = resp.SerializeAsString();
+  for (std::vector<size_t> cut : {std::vector<size_t>{}, {1}, {3, 1, 1, 1, 700}, {5, 1000, 1}}) {
+    OpResult r;
+    r.output.shape = {9, 9};  // stale values must not survive
+    ASSERT_TRUE(ParseResponseForTest(Sliced(bytes, cut), &r).ok());
+    EXPECT_EQ(r.output.dtype, DType::kFloat16);
+    EXPECT_EQ(r.output.shape, (std::vector<int64_t>{3, 300}));
+    EXPECT_EQ(r.output.data, data);
+    EXPECT_EQ(r.timing.queue_us, 1.5);
+    EXPECT_EQ(r.timing.kernel_us, 2.5);
+    EXPECT_EQ(r.timing.total_us, 9);
+    EXPECT_EQ(r.timing.backend, "cpu");
+    EXPECT_EQ(r.timing.stream, 3);
+    EXPECT_TRUE(r.handle.empty());
+  }
+}
+
+TEST(ResponseParserTest, ReusedResultKeepsItsBuffer) {
+  v1::GeluResponse resp;
+  auto* t = resp.mutable_output()->mutable_tensor();
+  t->set_dtype(v1::FLOAT32);
+  t->add_shape(1 << 16);
+  t->set_data(std::string(1 << 18, 'z'));
+  const std::string bytes = resp.SerializeAsString();
+  OpResult r;
+  ASSERT_TRUE(ParseResponseForTest(Sliced(bytes, {4096, 4096}), &r).ok());
+  const char* buffer = r.output.data.data();
+  ASSERT_TRUE(ParseResponseForTest(Sliced(bytes, {100}), &r).ok());
+  EXPECT_EQ(r.output.data.data(), buffer);
+  EXPECT_EQ(r.output.data.size(), size_t{1} << 18);
+}
+
+TEST(ResponseParserTest, ReadsHandleAndRejectsGarbageAndMissingOutput) {
+  v1::SoftmaxResponse resp;
+  resp.mutable_output()->set_handle("t-42");
+  OpResult r;
+  ASSERT_TRUE(ParseResponseForTest(Sliced(resp.SerializeAsString(), {2}), &r).ok());
+  EXPECT_EQ(r.handle, "t-42");
+  EXPECT_FALSE(ParseResponseForTest(Sliced(std::string("\x0a\x05\x0a\x7f", 4), {}), &r).ok());
+  v1::SoftmaxResponse empty;
+  empty.mutable_timing()->set_total_us(1);
+  EXPECT_FALSE(ParseResponseForTest(Sliced(empty.SerializeAsString(), {}), &r).ok());
+}
+
 TEST(NpyTest, RoundTripsEveryRankThroughV1Header) {
   for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {5}, {2, 3}, {2, 0, 4}}) {
     int64_t n = 1;
