@@ -44,7 +44,9 @@ table+=$'\n'$("${b[@]}" --no_header --cases 64MiB:1 --request_path protobuf)
 table+=$'\n'$("${b[@]}" --no_header --cases 64MiB:1 --output_buffer fresh)
 
 commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-git diff --quiet HEAD -- client bench server 2>/dev/null || commit="$commit (+ uncommitted changes)"
+if [[ -z "${COMMIT:-}" ]] && ! git diff --quiet HEAD -- client bench server proto kernels 2>/dev/null; then
+  commit="$commit (+ uncommitted changes)"
+fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
 {
