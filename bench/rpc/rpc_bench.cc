@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
         absl::StatusOr<fc::OpResult> fresh;
         absl::Status status;
         if (reuse_output) {
-          status = c.Call(fc::Op::kGelu, {&in}, &reused);
+          status = c.Call(fc::Op::kGelu, {in}, &reused);
         } else {
           fresh = c.Gelu(in);
           status = fresh.status();

@@ -1,6 +1,7 @@
-// `fusebox`: command-line client. Runs one op on .npy files against a fusebox
-// server, writes the .npy result and prints where the time went; `health`
-// asks the server's grpc.health.v1 service.
+// `fusebox`: command-line client. Runs one op on .npy files (or tensors the
+// server holds) against a fusebox server, writes the .npy result and prints
+// where the time went; uploads, downloads, frees and lists held tensors;
+// `health` asks the server's grpc.health.v1 service.
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -21,7 +22,14 @@ usage:
   fusebox [--server HOST:PORT] softmax     IN.npy            -o OUT.npy [options]
   fusebox [--server HOST:PORT] rowsum      IN.npy            -o OUT.npy [options]
   fusebox [--server HOST:PORT] matmul_relu A.npy B.npy [BIAS.npy] -o OUT.npy [options]
+  fusebox [--server HOST:PORT] upload      IN.npy [--dtype D]        prints the new handle
+  fusebox [--server HOST:PORT] download    HANDLE -o OUT.npy
+  fusebox [--server HOST:PORT] free        HANDLE...
+  fusebox [--server HOST:PORT] list
   fusebox [--server HOST:PORT] health
+
+An input written @HANDLE is a tensor the server already holds (from upload or
+--keep) instead of a file.
 
 ops:
   gelu         tanh-form GeLU, elementwise, any shape
@@ -39,6 +47,9 @@ options:
                       the client, rounding to nearest even.
   --allow_tf32        matmul_relu, float32 only: let a GPU use TF32 tensor cores
   --impl I            matmul_relu on a GPU: default | cublaslt | tiled
+  --keep              keep the result on the server; its handle is printed on the
+                      first line (-o is then optional: given, the result is also downloaded)
+  --chunk_mib N       upload chunk size in MiB (default 4)
   --timeout_ms N      deadline for the call (default 60000)
   --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
   -q, --quiet         do not print the timing
@@ -80,7 +91,8 @@ int main(int argc, char** argv) {
   std::string server = std::getenv("FUSEBOX_SERVER") ? std::getenv("FUSEBOX_SERVER") : "localhost:50051";
   std::string token = std::getenv("FUSEBOX_TOKEN") ? std::getenv("FUSEBOX_TOKEN") : "";
   std::string output, dtype_name, impl_name = "default";
-  bool allow_tf32 = false, bf16_bits = false, quiet = false;
+  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false;
+  long chunk_mib = 4;
   long timeout_ms = 60000;
   std::vector<std::string> positional;
 
@@ -116,6 +128,14 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       timeout_ms = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end || timeout_ms <= 0) return Usage("--timeout_ms needs a positive number");
+    } else if (arg == "--chunk_mib") {
+      std::string v;
+      if (!need_value(&v)) return Usage("--chunk_mib needs a number");
+      char* end = nullptr;
+      chunk_mib = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || chunk_mib <= 0 || chunk_mib > 1024) return Usage("--chunk_mib needs 1..1024");
+    } else if (arg == "--keep") {
+      keep = true;
     } else if (arg == "--allow_tf32") {
       allow_tf32 = true;
     } else if (arg == "--bf16_bits") {
@@ -141,6 +161,7 @@ int main(int argc, char** argv) {
   fc::CallOptions opts;
   opts.timeout = std::chrono::milliseconds(timeout_ms);
   opts.allow_tf32 = allow_tf32;
+  opts.keep_on_server = keep;
   if (impl_name == "default") opts.impl = fc::MatmulImpl::kDefault;
   else if (impl_name == "cublaslt") opts.impl = fc::MatmulImpl::kCublasLt;
   else if (impl_name == "tiled") opts.impl = fc::MatmulImpl::kTiled;
@@ -159,39 +180,109 @@ int main(int argc, char** argv) {
     return *h == fc::HealthStatus::kServing ? 0 : 1;
   }
 
+  auto print_info = [&](const fc::TensorInfo& t) {
+    std::printf("%s  %s %s  %lld bytes\n", t.handle.c_str(), fusebox::DTypeName(t.dtype),
+                ShapeString(t.shape).c_str(), static_cast<long long>(t.size_bytes));
+  };
+  if (op == "upload") {
+    if (inputs.size() != 1) return Usage("upload takes one .npy file");
+    auto arr = fc::ReadNpy(inputs[0]);
+    if (!arr.ok()) return Fail(arr.status());
+    auto t = fc::NpyToTensor(*arr, want);
+    if (!t.ok()) return Fail(t.status());
+    auto info = client->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout);
+    if (!info.ok()) return Fail(info.status());
+    print_info(*info);
+    return 0;
+  }
+  if (op == "download") {
+    if (inputs.size() != 1) return Usage("download takes one handle");
+    if (output.empty()) return Usage("no output file: pass -o OUT.npy");
+    auto t = client->Download(inputs[0], opts.timeout);
+    if (!t.ok()) return Fail(t.status());
+    absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(*t, bf16_bits));
+    if (!st.ok()) return Fail(st);
+    if (!quiet) std::printf("%s %s written to %s\n", fusebox::DTypeName(t->dtype), ShapeString(t->shape).c_str(), output.c_str());
+    return 0;
+  }
+  if (op == "free") {
+    if (inputs.empty()) return Usage("free takes one or more handles");
+    for (const auto& h : inputs) {
+      auto n = client->FreeTensor(h);
+      if (!n.ok()) return Fail(n.status());
+      if (!quiet) std::printf("%s freed (%lld bytes)\n", h.c_str(), static_cast<long long>(*n));
+    }
+    return 0;
+  }
+  if (op == "list") {
+    if (!inputs.empty()) return Usage("list takes no arguments");
+    auto l = client->ListTensors();
+    if (!l.ok()) return Fail(l.status());
+    for (const auto& t : l->tensors) print_info(t);
+    std::printf("%zu tensors, %lld of %lld bytes used\n", l->tensors.size(),
+                static_cast<long long>(l->used_bytes), static_cast<long long>(l->quota_bytes));
+    return 0;
+  }
+
   size_t min_in = 1, max_in = 1;
   if (op == "matmul_relu") { min_in = 2; max_in = 3; }
   else if (op != "gelu" && op != "softmax" && op != "rowsum") return Usage("unknown op '" + op + "'");
   if (inputs.size() < min_in || inputs.size() > max_in) {
     return Usage(op + (op == "matmul_relu" ? " takes A.npy B.npy [BIAS.npy]" : " takes one input .npy"));
   }
-  if (output.empty()) return Usage("no output file: pass -o OUT.npy");
+  if (output.empty() && !keep) return Usage("no output file: pass -o OUT.npy (or --keep)");
 
-  std::vector<fc::HostTensor> tensors;
-  for (const auto& path : inputs) {
-    auto arr = fc::ReadNpy(path);
+  // Files become inline tensors; @HANDLE inputs refer to tensors the server holds.
+  std::vector<fc::HostTensor> tensors(inputs.size());
+  std::vector<fc::Arg> args;
+  std::optional<fusebox::DType> first_dtype = want;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].size() > 1 && inputs[i][0] == '@') {
+      args.push_back(fc::Arg::Handle(inputs[i].substr(1)));
+      continue;
+    }
+    auto arr = fc::ReadNpy(inputs[i]);
     if (!arr.ok()) return Fail(arr.status());
     // Matmul operands must share one dtype: the first file's unless --dtype says.
-    auto t = fc::NpyToTensor(*arr, want ? want : (tensors.empty() ? std::nullopt
-                                                                   : std::optional(tensors[0].dtype)));
-    if (!t.ok()) return Fail(absl::Status(t.status().code(), path + ": " + std::string(t.status().message())));
-    tensors.push_back(std::move(*t));
+    auto t = fc::NpyToTensor(*arr, first_dtype);
+    if (!t.ok()) {
+      return Fail(absl::Status(t.status().code(), inputs[i] + ": " + std::string(t.status().message())));
+    }
+    first_dtype = t->dtype;
+    tensors[i] = std::move(*t);
+    args.emplace_back(tensors[i]);
   }
 
-  absl::StatusOr<fc::OpResult> r;
-  if (op == "gelu") r = client->Gelu(tensors[0], opts);
-  else if (op == "softmax") r = client->Softmax(tensors[0], opts);
-  else if (op == "rowsum") r = client->RowSum(tensors[0], opts);
-  else r = client->MatmulRelu(tensors[0], tensors[1], tensors.size() > 2 ? &tensors[2] : nullptr, opts);
-  if (!r.ok()) return Fail(r.status());
-
-  absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(r->output, bf16_bits));
+  static const std::pair<const char*, fc::Op> kOps[] = {
+      {"gelu", fc::Op::kGelu}, {"softmax", fc::Op::kSoftmax}, {"rowsum", fc::Op::kRowSum},
+      {"matmul_relu", fc::Op::kMatmulRelu}};
+  fc::Op which = fc::Op::kGelu;
+  for (const auto& [name, o] : kOps) if (op == name) which = o;
+  fc::OpResult r;
+  absl::Status st = client->Call(which, args, &r, opts);
   if (!st.ok()) return Fail(st);
+
+  if (keep) {
+    // Printed even with -q: it is the result.
+    std::printf("%s\n", r.handle.c_str());
+    if (!output.empty()) {
+      auto t = client->Download(r.handle, opts.timeout);
+      if (!t.ok()) return Fail(t.status());
+      r.output = std::move(*t);
+    }
+  }
+  if (!output.empty()) {
+    st = fc::WriteNpy(output, fc::TensorToNpy(r.output, bf16_bits));
+    if (!st.ok()) return Fail(st);
+  }
   if (!quiet) {
-    const fc::Timing& t = r->timing;
-    std::printf("%s: %s %s -> %s %s written to %s\n", op.c_str(), fusebox::DTypeName(tensors[0].dtype),
-                ShapeString(tensors[0].shape).c_str(), fusebox::DTypeName(r->output.dtype),
-                ShapeString(r->output.shape).c_str(), output.c_str());
+    const fc::Timing& t = r.timing;
+    if (output.empty()) {
+      std::printf("%s: %s -> kept on the server as %s\n", op.c_str(), inputs[0].c_str(), r.handle.c_str());
+    } else {
+      std::printf("%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
+                  fusebox::DTypeName(r.output.dtype), ShapeString(r.output.shape).c_str(), output.c_str());
+    }
     std::printf("server timing (us): queue %.1f  copy_in %.1f  kernel %.1f  copy_out %.1f  total %.1f"
                 "  [%s, %s, stream %d]\n",
                 t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us, t.backend.c_str(),

@@ -15,7 +15,6 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
-#include "fusebox/v1/kernel_service.pb.h"
 
 namespace fusebox::client {
 namespace {
@@ -63,13 +62,23 @@ class SliceRefs {
   int live_ = 0;
 };
 
-// Field numbers shared by every op request: input = 1 (or a = 1, b = 2, bias = 3).
-grpc::ByteBuffer Encode(bool matmul, const HostTensor* const* tensors, int count,
-                        bool allow_tf32, int impl, SliceRefs* refs) {
+// Request fields: input = 1 (or a = 1, b = 2, bias = 3), allow_tf32 = 4,
+// impl = 5, output_options = 15. A field's bytes: TensorRef { tensor = 1 | handle = 2 }.
+grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallOptions& opts,
+                        SliceRefs* refs) {
   std::vector<grpc::Slice> slices;
   std::string head;
-  for (int i = 0; i < count; ++i) {
-    const HostTensor& t = *tensors[i];
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    head.push_back(static_cast<char>(((i + 1) << 3) | 2));  // request field i+1, LEN
+    if (inputs[i].tensor() == nullptr) {
+      const std::string& h = inputs[i].handle();
+      PutVarint(&head, 1 + VarintSize(h.size()) + h.size());
+      head.push_back(0x12);  // TensorRef.handle
+      PutVarint(&head, h.size());
+      head += h;
+      continue;
+    }
+    const HostTensor& t = *inputs[i].tensor();
     std::string hdr;  // Tensor fields before the payload
     if (static_cast<int>(t.dtype) != 0) {
       hdr.push_back(0x08);
@@ -87,9 +96,7 @@ grpc::ByteBuffer Encode(bool matmul, const HostTensor* const* tensors, int count
       PutVarint(&hdr, t.data.size());
     }
     const uint64_t tensor_len = hdr.size() + t.data.size();
-    const uint64_t ref_len = 1 + VarintSize(tensor_len) + tensor_len;
-    head.push_back(static_cast<char>(((i + 1) << 3) | 2));  // request field i+1, LEN
-    PutVarint(&head, ref_len);
+    PutVarint(&head, 1 + VarintSize(tensor_len) + tensor_len);
     head.push_back(0x0a);  // TensorRef.tensor
     PutVarint(&head, tensor_len);
     head += hdr;
@@ -100,16 +107,22 @@ grpc::ByteBuffer Encode(bool matmul, const HostTensor* const* tensors, int count
                             : grpc::Slice(t.data.data(), t.data.size(), grpc::Slice::STATIC_SLICE));
     }
   }
-  if (matmul && allow_tf32) head += std::string("\x20\x01", 2);
-  if (matmul && impl != 0) {
+  if (matmul && opts.allow_tf32) head += std::string("\x20\x01", 2);
+  if (matmul && opts.impl != MatmulImpl::kDefault) {
     head.push_back(0x28);
-    PutVarint(&head, static_cast<uint64_t>(impl));
+    PutVarint(&head, static_cast<uint64_t>(opts.impl));
   }
+  if (opts.keep_on_server) head += std::string("\x7a\x02\x08\x01", 4);  // OutputOptions
   if (!head.empty() || slices.empty()) slices.emplace_back(head);
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-void FillTensor(const HostTensor& t, pb::TensorRef* ref) {
+void FillRef(const Arg& arg, pb::TensorRef* ref) {
+  if (arg.tensor() == nullptr) {
+    ref->set_handle(arg.handle());
+    return;
+  }
+  const HostTensor& t = *arg.tensor();
   pb::Tensor* out = ref->mutable_tensor();
   out->set_dtype(static_cast<pb::DType>(static_cast<int>(t.dtype)));
   for (int64_t d : t.shape) out->add_shape(d);
@@ -124,19 +137,20 @@ grpc::ByteBuffer Serialize(const Req& req) {
   return bb;
 }
 
-grpc::ByteBuffer EncodeProtobuf(bool matmul, const HostTensor* const* tensors, int count,
-                                bool allow_tf32, int impl) {
+grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, const CallOptions& opts) {
   if (!matmul) {
     pb::GeluRequest req;  // Gelu/Softmax/RowSum requests share one wire layout
-    FillTensor(*tensors[0], req.mutable_input());
+    FillRef(inputs[0], req.mutable_input());
+    if (opts.keep_on_server) req.mutable_output_options()->set_keep_on_server(true);
     return Serialize(req);
   }
   pb::MatmulReluRequest req;
-  FillTensor(*tensors[0], req.mutable_a());
-  FillTensor(*tensors[1], req.mutable_b());
-  if (count > 2) FillTensor(*tensors[2], req.mutable_bias());
-  req.set_allow_tf32(allow_tf32);
-  req.set_impl(static_cast<pb::MatmulImpl>(impl));
+  FillRef(inputs[0], req.mutable_a());
+  FillRef(inputs[1], req.mutable_b());
+  if (inputs.size() > 2) FillRef(inputs[2], req.mutable_bias());
+  req.set_allow_tf32(opts.allow_tf32);
+  req.set_impl(static_cast<pb::MatmulImpl>(opts.impl));
+  if (opts.keep_on_server) req.mutable_output_options()->set_keep_on_server(true);
   return Serialize(req);
 }
 
@@ -354,14 +368,15 @@ absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* re
   return ParseResponse(response, result);
 }
 
-grpc::ByteBuffer EncodeRequestForTest(bool matmul, const HostTensor* const* tensors, int count,
-                                      bool allow_tf32, int impl) {
-  return Encode(matmul, tensors, count, allow_tf32, impl, nullptr);
+grpc::ByteBuffer EncodeRequestForTest(bool matmul, const std::vector<Arg>& inputs,
+                                      const CallOptions& opts) {
+  return Encode(matmul, inputs, opts, nullptr);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, Options options)
     : channel_(std::move(channel)),
       stub_(std::make_unique<grpc::GenericStub>(channel_)),
+      kernel_stub_(v1::KernelService::NewStub(channel_)),
       options_(options) {}
 
 std::unique_ptr<Client> Client::Create(const std::string& target, Options options) {
@@ -383,9 +398,7 @@ absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer
                                grpc::ByteBuffer* response, std::chrono::milliseconds timeout) {
   thread_local ThreadCq tcq;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   (timeout.count() > 0 ? timeout : options_.default_timeout));
-  if (!options_.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.auth_token);
+  Prepare(&ctx, timeout);
   grpc::Status status;
   {
     auto call = stub_->PrepareUnaryCall(&ctx, method, request, &tcq.cq);
@@ -398,7 +411,7 @@ absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer
   return FromGrpc(status);
 }
 
-absl::Status Client::Call(Op op, const std::vector<const HostTensor*>& inputs, OpResult* result,
+absl::Status Client::Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
                           const CallOptions& opts) {
   static const char* kMethods[] = {"/fusebox.v1.KernelService/Gelu",
                                    "/fusebox.v1.KernelService/Softmax",
@@ -410,10 +423,6 @@ absl::Status Client::Call(Op op, const std::vector<const HostTensor*>& inputs, O
     return absl::InvalidArgumentError(matmul ? "matmul_relu takes a, b and an optional bias"
                                              : "this op takes one input");
   }
-  for (const HostTensor* t : inputs) {
-    if (t == nullptr) return absl::InvalidArgumentError("null input tensor");
-  }
-  const int impl = static_cast<int>(opts.impl);
   const auto start = Clock::now();
   grpc::ByteBuffer response;
   absl::Status st;
@@ -422,8 +431,8 @@ absl::Status Client::Call(Op op, const std::vector<const HostTensor*>& inputs, O
     {
       grpc::ByteBuffer request =
           options_.request_path == RequestPath::kZeroCopy
-              ? Encode(matmul, inputs.data(), count, opts.allow_tf32, impl, &refs)
-              : EncodeProtobuf(matmul, inputs.data(), count, opts.allow_tf32, impl);
+              ? Encode(matmul, inputs, opts, &refs)
+              : EncodeProtobuf(matmul, inputs, opts);
       st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout);
     }
     refs.WaitAllReleased();
@@ -435,27 +444,136 @@ absl::Status Client::Call(Op op, const std::vector<const HostTensor*>& inputs, O
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpResult> Client::Run(Op op, std::vector<const HostTensor*> inputs,
-                                     const CallOptions& opts) {
+absl::StatusOr<OpResult> Client::Run(Op op, std::vector<Arg> inputs, const CallOptions& opts) {
   OpResult result;
   absl::Status st = Call(op, inputs, &result, opts);
   if (!st.ok()) return st;
   return result;
 }
 
-absl::StatusOr<OpResult> Client::Gelu(const HostTensor& input, const CallOptions& opts) {
-  return Run(Op::kGelu, {&input}, opts);
+absl::StatusOr<OpResult> Client::Gelu(const Arg& input, const CallOptions& opts) {
+  return Run(Op::kGelu, {input}, opts);
 }
-absl::StatusOr<OpResult> Client::Softmax(const HostTensor& input, const CallOptions& opts) {
-  return Run(Op::kSoftmax, {&input}, opts);
+absl::StatusOr<OpResult> Client::Softmax(const Arg& input, const CallOptions& opts) {
+  return Run(Op::kSoftmax, {input}, opts);
 }
-absl::StatusOr<OpResult> Client::RowSum(const HostTensor& input, const CallOptions& opts) {
-  return Run(Op::kRowSum, {&input}, opts);
+absl::StatusOr<OpResult> Client::RowSum(const Arg& input, const CallOptions& opts) {
+  return Run(Op::kRowSum, {input}, opts);
 }
-absl::StatusOr<OpResult> Client::MatmulRelu(const HostTensor& a, const HostTensor& b,
-                                            const HostTensor* bias, const CallOptions& opts) {
-  if (bias) return Run(Op::kMatmulRelu, {&a, &b, bias}, opts);
-  return Run(Op::kMatmulRelu, {&a, &b}, opts);
+absl::StatusOr<OpResult> Client::MatmulRelu(const Arg& a, const Arg& b, const HostTensor* bias,
+                                            const CallOptions& opts) {
+  if (bias) return Run(Op::kMatmulRelu, {a, b, *bias}, opts);
+  return Run(Op::kMatmulRelu, {a, b}, opts);
+}
+absl::StatusOr<OpResult> Client::MatmulRelu(const Arg& a, const Arg& b, const Arg& bias,
+                                            const CallOptions& opts) {
+  return Run(Op::kMatmulRelu, {a, b, bias}, opts);
+}
+
+void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    (timeout.count() > 0 ? timeout : options_.default_timeout));
+  if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+}
+
+namespace {
+TensorInfo FromProto(const pb::TensorInfo& p) {
+  TensorInfo t;
+  t.handle = p.handle();
+  t.dtype = static_cast<DType>(static_cast<int>(p.dtype()));
+  t.shape.assign(p.shape().begin(), p.shape().end());
+  t.size_bytes = p.size_bytes();
+  t.created_unix_ms = p.created_unix_ms();
+  t.last_used_unix_ms = p.last_used_unix_ms();
+  return t;
+}
+}  // namespace
+
+absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chunk_bytes,
+                                          std::chrono::milliseconds timeout) {
+  if (chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  pb::UploadResponse resp;
+  auto writer = kernel_stub_->Upload(&ctx, &resp);
+  pb::UploadRequest msg;
+  msg.set_dtype(static_cast<pb::DType>(static_cast<int>(tensor.dtype)));
+  for (int64_t d : tensor.shape) msg.add_shape(d);
+  size_t sent = 0;
+  do {  // the header goes with the first chunk; an empty tensor is one message
+    const size_t n = std::min(tensor.data.size() - sent, static_cast<size_t>(chunk_bytes));
+    msg.set_data(tensor.data.data() + sent, n);
+    sent += n;
+    if (!writer->Write(msg)) break;  // the server ended the call; Finish says why
+    msg.clear_dtype();
+    msg.clear_shape();
+  } while (sent < tensor.data.size());
+  writer->WritesDone();
+  absl::Status st = FromGrpc(writer->Finish());
+  if (!st.ok()) return st;
+  return FromProto(resp.tensor());
+}
+
+absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
+                                            std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  pb::DownloadRequest req;
+  req.set_handle(handle);
+  auto reader = kernel_stub_->Download(&ctx, req);
+  pb::DownloadResponse msg;
+  HostTensor out;
+  bool header = false;
+  while (reader->Read(&msg)) {
+    if (msg.has_tensor() && !header) {
+      header = true;
+      out.dtype = static_cast<DType>(static_cast<int>(msg.tensor().dtype()));
+      out.shape.assign(msg.tensor().shape().begin(), msg.tensor().shape().end());
+      out.data.reserve(static_cast<size_t>(std::max<int64_t>(0, msg.tensor().size_bytes())));
+    }
+    out.data += msg.data();
+  }
+  absl::Status st = FromGrpc(reader->Finish());
+  if (!st.ok()) return st;
+  if (!header) return absl::InternalError("download stream carried no tensor header");
+  return out;
+}
+
+absl::StatusOr<int64_t> Client::FreeTensor(const std::string& handle) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::FreeTensorRequest req;
+  req.set_handle(handle);
+  pb::FreeTensorResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->FreeTensor(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  return resp.freed_bytes();
+}
+
+absl::StatusOr<TensorList> Client::ListTensors() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::ListTensorsRequest req;
+  pb::ListTensorsResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->ListTensors(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  TensorList out;
+  for (const auto& t : resp.tensors()) out.tensors.push_back(FromProto(t));
+  out.used_bytes = resp.used_bytes();
+  out.quota_bytes = resp.quota_bytes();
+  return out;
+}
+
+absl::StatusOr<TensorInfo> Client::StatTensor(const std::string& handle) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::ListTensorsRequest req;
+  req.set_handle(handle);
+  pb::ListTensorsResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->ListTensors(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  if (resp.tensors_size() != 1) return absl::NotFoundError("no tensor " + handle);
+  return FromProto(resp.tensors(0));
 }
 
 absl::StatusOr<HealthStatus> Client::Health(const std::string& service,

@@ -24,6 +24,7 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "absl/status/status.h"
+#include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
 
@@ -53,6 +54,37 @@ struct Timing {
   double rpc_us = 0;  // client wall clock: call start -> response parsed
 };
 
+// An op input: a tensor sent inline (implicitly, from a HostTensor, which must
+// outlive the call) or a handle to a tensor the server holds (see Upload).
+class Arg {
+ public:
+  Arg(const HostTensor& t) : tensor_(&t) {}  // NOLINT(google-explicit-constructor)
+  static Arg Handle(std::string id) {
+    Arg a;
+    a.handle_ = std::move(id);
+    return a;
+  }
+  const HostTensor* tensor() const { return tensor_; }
+  const std::string& handle() const { return handle_; }
+
+ private:
+  Arg() = default;
+  const HostTensor* tensor_ = nullptr;
+  std::string handle_;
+};
+
+// What the server holds for a handle.
+struct TensorInfo {
+  std::string handle;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t size_bytes = 0, created_unix_ms = 0, last_used_unix_ms = 0;
+};
+struct TensorList {
+  std::vector<TensorInfo> tensors;
+  int64_t used_bytes = 0, quota_bytes = 0;  // this caller's
+};
+
 struct OpResult {
   HostTensor output;
   Timing timing;
@@ -70,6 +102,8 @@ struct CallOptions {
   // MatmulRelu only.
   bool allow_tf32 = false;
   MatmulImpl impl = MatmulImpl::kDefault;
+  // Keep the output on the server: OpResult::handle is set, output left empty.
+  bool keep_on_server = false;
 };
 
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
@@ -97,18 +131,30 @@ class Client {
   // True when the channel connected within timeout.
   bool WaitForReady(std::chrono::milliseconds timeout);
 
-  absl::StatusOr<OpResult> Gelu(const HostTensor& input, const CallOptions& opts = {});
-  absl::StatusOr<OpResult> Softmax(const HostTensor& input, const CallOptions& opts = {});
-  absl::StatusOr<OpResult> RowSum(const HostTensor& input, const CallOptions& opts = {});
+  absl::StatusOr<OpResult> Gelu(const Arg& input, const CallOptions& opts = {});
+  absl::StatusOr<OpResult> Softmax(const Arg& input, const CallOptions& opts = {});
+  absl::StatusOr<OpResult> RowSum(const Arg& input, const CallOptions& opts = {});
   // bias may be null.
-  absl::StatusOr<OpResult> MatmulRelu(const HostTensor& a, const HostTensor& b,
-                                      const HostTensor* bias, const CallOptions& opts = {});
+  absl::StatusOr<OpResult> MatmulRelu(const Arg& a, const Arg& b, const HostTensor* bias,
+                                      const CallOptions& opts = {});
+  absl::StatusOr<OpResult> MatmulRelu(const Arg& a, const Arg& b, const Arg& bias,
+                                      const CallOptions& opts = {});
 
   // Any op, writing into *result. result->output.data keeps its capacity, so a
   // result reused across calls needs no fresh allocation (for large tensors
   // that saves a page fault per 4 KiB). inputs: {input} or {a, b[, bias]}.
-  absl::Status Call(Op op, const std::vector<const HostTensor*>& inputs, OpResult* result,
+  absl::Status Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
                     const CallOptions& opts = {});
+
+  // Tensors held by the server (on the GPU with the CUDA backend), usable as
+  // Arg::Handle(info.handle) in any op. Upload streams chunks of chunk_bytes.
+  absl::StatusOr<TensorInfo> Upload(const HostTensor& tensor, int64_t chunk_bytes = 4 << 20,
+                                    std::chrono::milliseconds timeout = {});
+  absl::StatusOr<HostTensor> Download(const std::string& handle,
+                                      std::chrono::milliseconds timeout = {});
+  absl::StatusOr<int64_t> FreeTensor(const std::string& handle);  // bytes freed
+  absl::StatusOr<TensorList> ListTensors();
+  absl::StatusOr<TensorInfo> StatTensor(const std::string& handle);
 
   // grpc.health.v1.Health/Check; service "" = the whole server.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
@@ -119,13 +165,14 @@ class Client {
 
  private:
   Client(std::shared_ptr<grpc::Channel> channel, Options options);
-  absl::StatusOr<OpResult> Run(Op op, std::vector<const HostTensor*> inputs,
-                               const CallOptions& opts);
+  absl::StatusOr<OpResult> Run(Op op, std::vector<Arg> inputs, const CallOptions& opts);
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   absl::Status UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
                          grpc::ByteBuffer* response, std::chrono::milliseconds timeout);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
+  std::unique_ptr<v1::KernelService::Stub> kernel_stub_;  // streaming and small RPCs
   Options options_;
 };
 
@@ -139,9 +186,9 @@ bool ParseDType(const std::string& name, DType* out);
 absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
 
 // Encodes a request exactly like protobuf would (exposed for the tests).
-// tensors: the op's tensor fields in field order (input; or a, b[, bias]).
+// inputs: the op's tensor fields in field order (input; or a, b[, bias]).
 // Payload slices point into the tensors' data.
-grpc::ByteBuffer EncodeRequestForTest(bool matmul, const HostTensor* const* tensors, int count,
-                                      bool allow_tf32, int impl);
+grpc::ByteBuffer EncodeRequestForTest(bool matmul, const std::vector<Arg>& inputs,
+                                      const CallOptions& opts);
 
 }  // namespace fusebox::client

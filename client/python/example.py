@@ -33,3 +33,10 @@ with Client(target) as c:
     out = c.matmul_relu(a, b, bias, dtype="bfloat16")          # result widened to float32
     print("matmul_relu bf16 vs fp32 numpy, max|err|:",
           np.abs(out - np.maximum(a @ b + bias, 0)).max())
+
+    # Tensors can stay on the server between calls (on the GPU with the CUDA backend).
+    h = c.upload(x)                       # a Handle
+    g = c.gelu(h, keep=True)              # output kept too: another Handle
+    print("softmax(gelu(x)) from handles, row sums:", c.softmax(g).sum(-1))
+    for handle in (h, g):
+        c.free(handle)

@@ -271,6 +271,62 @@ TEST_F(IntegrationTest, TinyDeadlineGivesDeadlineExceeded) {
   ExpectStillServing();
 }
 
+// --- tensors held by the server -------------------------------------------------------------
+
+TEST_F(IntegrationTest, UploadThenDownloadReturnsTheSameBytesAcrossChunks) {
+  HostTensor in = Random(DType::kBFloat16, {3, 1000, 1000}, FreshSeed());  // 6 MB
+  auto info = client_->Upload(in, /*chunk_bytes=*/1 << 20);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_FALSE(info->handle.empty());
+  EXPECT_EQ(info->dtype, DType::kBFloat16);
+  EXPECT_EQ(info->shape, in.shape);
+  EXPECT_EQ(info->size_bytes, static_cast<int64_t>(in.data.size()));
+  auto back = client_->Download(info->handle);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dtype, DType::kBFloat16);
+  EXPECT_EQ(back->shape, in.shape);
+  EXPECT_TRUE(back->data == in.data);
+  auto freed = client_->FreeTensor(info->handle);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, static_cast<int64_t>(in.data.size()));
+  EXPECT_EQ(client_->Download(info->handle).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(IntegrationTest, OpsTakeHandlesAndKeepOutputsOnTheServer) {
+  const uint64_t seed = FreshSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  HostTensor a = Random(DType::kFloat32, {8, 16}, seed, -1, 1);
+  HostTensor b = Random(DType::kFloat32, {16, 4}, seed + 1, -1, 1);
+  auto ha = client_->Upload(a);
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  client::CallOptions keep;
+  keep.keep_on_server = true;
+  // matmul(handle, inline) kept -> softmax(handle) inline.
+  auto m = client_->MatmulRelu(client::Arg::Handle(ha->handle), b, nullptr, keep);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_FALSE(m->handle.empty());
+  EXPECT_TRUE(m->output.data.empty());
+  auto stat = client_->StatTensor(m->handle);
+  ASSERT_TRUE(stat.ok()) << stat.status();
+  EXPECT_EQ(stat->shape, (std::vector<int64_t>{8, 4}));
+  auto s = client_->Softmax(client::Arg::Handle(m->handle));
+  ASSERT_TRUE(s.ok()) << s.status();
+
+  auto mm = ref::MatmulRelu(DType::kFloat32, a.data.data(), b.data.data(), nullptr, 8, 4, 16);
+  std::vector<float> mm32(mm.begin(), mm.end());
+  auto want = ref::Softmax(DType::kFloat32, mm32.data(), 8, 4);
+  auto c = ref::Compare(DType::kFloat32, s->output.data.data(), want, 1e-5);
+  EXPECT_TRUE(c.ok) << "rel error " << c.rel_error;
+
+  auto list = client_->ListTensors();
+  ASSERT_TRUE(list.ok()) << list.status();
+  int found = 0;
+  for (const auto& t : list->tensors) found += t.handle == ha->handle || t.handle == m->handle;
+  EXPECT_EQ(found, 2);
+  EXPECT_TRUE(client_->FreeTensor(ha->handle).ok());
+  EXPECT_TRUE(client_->FreeTensor(m->handle).ok());
+}
+
 // --- bad input: INVALID_ARGUMENT and the server keeps serving ------------------------------
 
 TEST_F(IntegrationTest, ByteLengthNotMatchingShapeIsInvalidArgument) {

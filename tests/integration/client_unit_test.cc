@@ -31,13 +31,12 @@ TEST(RequestEncoderTest, UnaryRequestMatchesProtobufBytes) {
                        HostTensor{DType::kFloat16, {0, 5}, ""},
                        HostTensor{DType::kBFloat16, {}, std::string(2, 'x')},
                        HostTensor{static_cast<DType>(0), {-3, 1 << 20}, std::string(300, 'y')}}) {
-    const HostTensor* ts[] = {&t};
     v1::GeluRequest want;
     Fill(t, want.mutable_input());
     v1::GeluRequest got;
-    ASSERT_TRUE(got.ParseFromString(Flatten(EncodeRequestForTest(false, ts, 1, false, 0))));
+    ASSERT_TRUE(got.ParseFromString(Flatten(EncodeRequestForTest(false, {t}, {}))));
     EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
-    EXPECT_EQ(Flatten(EncodeRequestForTest(false, ts, 1, false, 0)), want.SerializeAsString());
+    EXPECT_EQ(Flatten(EncodeRequestForTest(false, {t}, {})), want.SerializeAsString());
   }
 }
 
@@ -45,16 +44,38 @@ TEST(RequestEncoderTest, MatmulRequestMatchesProtobufBytes) {
   HostTensor a = HostTensor::FromFloats(DType::kBFloat16, {2, 2}, {1, 2, 3, 4});
   HostTensor b = HostTensor::FromFloats(DType::kBFloat16, {2, 1}, {5, 6});
   HostTensor bias = HostTensor::FromFloats(DType::kBFloat16, {1}, {7});
-  const HostTensor* ts[] = {&a, &b, &bias};
-  for (int count : {2, 3}) {
+  CallOptions opts;
+  opts.allow_tf32 = true;
+  opts.impl = MatmulImpl::kTiled;
+  for (bool with_bias : {false, true}) {
     v1::MatmulReluRequest want;
     Fill(a, want.mutable_a());
     Fill(b, want.mutable_b());
-    if (count == 3) Fill(bias, want.mutable_bias());
+    if (with_bias) Fill(bias, want.mutable_bias());
     want.set_allow_tf32(true);
     want.set_impl(v1::MATMUL_IMPL_TILED);
-    EXPECT_EQ(Flatten(EncodeRequestForTest(true, ts, count, true, 2)), want.SerializeAsString());
+    std::vector<Arg> args = {a, b};
+    if (with_bias) args.push_back(bias);
+    EXPECT_EQ(Flatten(EncodeRequestForTest(true, args, opts)), want.SerializeAsString());
   }
+}
+
+TEST(RequestEncoderTest, HandlesAndKeepOnServerMatchProtobufBytes) {
+  HostTensor b = HostTensor::FromFloats(DType::kFloat32, {2, 1}, {5, 6});
+  CallOptions opts;
+  opts.keep_on_server = true;
+  v1::MatmulReluRequest want;
+  want.mutable_a()->set_handle("tensor-a");
+  Fill(b, want.mutable_b());
+  want.mutable_bias()->set_handle(std::string(200, 'h'));  // multi-byte length
+  want.mutable_output_options()->set_keep_on_server(true);
+  EXPECT_EQ(Flatten(EncodeRequestForTest(
+                true, {Arg::Handle("tensor-a"), b, Arg::Handle(std::string(200, 'h'))}, opts)),
+            want.SerializeAsString());
+  v1::GeluRequest g;
+  g.mutable_input()->set_handle("x");
+  g.mutable_output_options()->set_keep_on_server(true);
+  EXPECT_EQ(Flatten(EncodeRequestForTest(false, {Arg::Handle("x")}, opts)), g.SerializeAsString());
 }
 
 // Splits bytes into slices of the given sizes (the rest in one last slice).

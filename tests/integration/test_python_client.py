@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 import pytest
 
-from fusebox_client import (Client, FuseboxError, bfloat16_bits_to_float, float_to_bfloat16_bits)
+from fusebox_client import (Client, FuseboxError, Handle, bfloat16_bits_to_float,
+                            float_to_bfloat16_bits)
 from fusebox.v1 import kernel_service_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,6 +205,40 @@ def test_empty_tensor_gives_empty_output(client):
     assert y.shape == (0, 5)
 
 
+# --- tensors held by the server ---------------------------------------------------------
+
+def test_upload_keep_download_and_free(client):
+    seed, rng = fresh_rng()
+    x = rng.uniform(-4, 4, (300, 1000)).astype(np.float16)  # 600 kB, 3 chunks of 256 KiB
+    h = client.upload(x, chunk_bytes=256 << 10)
+    assert isinstance(h, Handle)
+    np.testing.assert_array_equal(client.download(h), x)
+    kept = client.gelu(h, keep=True)
+    assert isinstance(kept, Handle)
+    y = client.download(kept)
+    assert y.dtype == np.float16 and y.shape == x.shape
+    assert rel_err(y, gelu_ref(x.astype(np.float64))) < TOL["float16"], f"seed {seed}"
+    sums = client.rowsum(kept)
+    np.testing.assert_allclose(sums, y.astype(np.float64).sum(-1), rtol=1e-3, atol=1e-2)
+    held = {t.handle for t in client.list_tensors()[0]}
+    assert {h, kept} <= held
+    assert client.free(h) == x.nbytes
+    client.free(kept)
+    with pytest.raises(FuseboxError) as e:
+        client.download(h)
+    assert e.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_matmul_relu_mixes_handles_and_arrays(client):
+    seed, rng = fresh_rng()
+    a = rng.uniform(-1, 1, (6, 5)).astype(np.float32)
+    b = rng.uniform(-1, 1, (5, 3)).astype(np.float32)
+    hb = client.upload(b)
+    y = client.matmul_relu(a, hb, np.zeros(3, np.float32))
+    assert rel_err(y, np.maximum(a.astype(np.float64) @ b, 0)) < 1e-5, f"seed {seed}"
+    client.free(hb)
+
+
 # --- bad input ---------------------------------------------------------------------------
 
 def raw_call(client, method, req):
@@ -316,6 +351,25 @@ def test_cli_reports_server_errors_and_usage_errors(server, tmp_path):
     assert cli("frobnicate").returncode == 2
     h = cli("--help")
     assert h.returncode == 0 and "matmul_relu" in h.stdout and "bfloat16" in h.stdout
+
+
+def test_cli_upload_keep_download_free_list(server, tmp_path):
+    x = np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("--server", server.address, "upload", str(tmp_path / "x.npy"))
+    assert r.returncode == 0, r.stderr
+    h = r.stdout.split()[0]
+    r = cli("--server", server.address, "softmax", "@" + h, "--keep", "-q")
+    assert r.returncode == 0, r.stderr
+    kept = r.stdout.strip()
+    r = cli("--server", server.address, "download", kept, "-o", str(tmp_path / "s.npy"))
+    assert r.returncode == 0, r.stderr
+    assert rel_err(np.load(tmp_path / "s.npy"), softmax_ref(x.astype(np.float64))) < 1e-5
+    r = cli("--server", server.address, "list")
+    assert r.returncode == 0 and h in r.stdout and kept in r.stdout
+    assert cli("--server", server.address, "free", h, kept).returncode == 0
+    r = cli("--server", server.address, "download", h, "-o", str(tmp_path / "gone.npy"))
+    assert r.returncode == 1 and "NOT_FOUND" in r.stderr
 
 
 def test_cli_health_prints_serving(server):

@@ -9,6 +9,10 @@ no bfloat16, so it is explicit:
   * arrays whose dtype is named "bfloat16" (ml_dtypes, if you use it) are sent as
     bfloat16 without a dtype argument.
 float64 input with no dtype is narrowed to float32.
+
+Tensors can stay on the server: ``upload`` returns a Handle, any op accepts a
+Handle in place of an array, ``keep=True`` makes an op return a Handle to its
+output, and ``download`` / ``free`` / ``list_tensors`` do the rest.
 """
 
 import time
@@ -53,6 +57,25 @@ class Timing:
     device: str
     stream: int
     rpc_us: float
+
+
+class Handle(str):
+    """A tensor held by the server (from Client.upload or an op with keep=True)."""
+
+
+@dataclass
+class TensorInfo:
+    handle: Handle
+    dtype: str
+    shape: tuple
+    size_bytes: int
+    created_unix_ms: int
+    last_used_unix_ms: int
+
+
+def _info(t) -> TensorInfo:
+    return TensorInfo(Handle(t.handle), pb.DType.Name(t.dtype).lower(), tuple(t.shape), t.size_bytes,
+                      t.created_unix_ms, t.last_used_unix_ms)
 
 
 def float_to_bfloat16_bits(x) -> np.ndarray:
@@ -106,6 +129,12 @@ def to_tensor(x, dtype=None) -> "pb.Tensor":
     else:
         data = np.ascontiguousarray(arr, dtype=np.dtype(want).newbyteorder("<"))
     return pb.Tensor(dtype=_DTYPES[want], shape=list(arr.shape), data=data.tobytes())
+
+
+def _ref(x, dtype) -> "pb.TensorRef":
+    if isinstance(x, Handle):
+        return pb.TensorRef(handle=x)
+    return pb.TensorRef(tensor=to_tensor(x, dtype))
 
 
 def from_tensor(t: "pb.Tensor", bf16_output: str = "float32") -> np.ndarray:
@@ -175,32 +204,89 @@ class Client:
 
     # --- ops -------------------------------------------------------------------------------
 
-    def gelu(self, x, *, dtype=None, timeout=None, bf16_output="float32", return_timing=False):
-        """Tanh-form GeLU of x (any shape)."""
-        req = pb.GeluRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+    def gelu(self, x, *, dtype=None, keep=False, timeout=None, bf16_output="float32",
+             return_timing=False):
+        """Tanh-form GeLU of x (any shape). x: array or Handle."""
+        req = pb.GeluRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
         return self._call(self.stub.Gelu, req, timeout, bf16_output, return_timing)
 
-    def softmax(self, x, *, dtype=None, timeout=None, bf16_output="float32", return_timing=False):
-        """Softmax over the last axis (rank >= 1)."""
-        req = pb.SoftmaxRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+    def softmax(self, x, *, dtype=None, keep=False, timeout=None, bf16_output="float32",
+                return_timing=False):
+        """Softmax over the last axis (rank >= 1). x: array or Handle."""
+        req = pb.SoftmaxRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
         return self._call(self.stub.Softmax, req, timeout, bf16_output, return_timing)
 
-    def rowsum(self, x, *, dtype=None, timeout=None, return_timing=False):
-        """Sum over the last axis (rank >= 1); always float32."""
-        req = pb.RowSumRequest(input=pb.TensorRef(tensor=to_tensor(x, dtype)))
+    def rowsum(self, x, *, dtype=None, keep=False, timeout=None, return_timing=False):
+        """Sum over the last axis (rank >= 1); always float32. x: array or Handle."""
+        req = pb.RowSumRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
         return self._call(self.stub.RowSum, req, timeout, "float32", return_timing)
 
-    def matmul_relu(self, a, b, bias=None, *, dtype=None, allow_tf32=False, impl=0,
+    def matmul_relu(self, a, b, bias=None, *, dtype=None, allow_tf32=False, impl=0, keep=False,
                     timeout=None, bf16_output="float32", return_timing=False):
-        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None. dtype defaults to a's."""
-        ta = to_tensor(a, dtype)
-        want = dtype if dtype is not None else pb.DType.Name(ta.dtype).lower()
-        req = pb.MatmulReluRequest(a=pb.TensorRef(tensor=ta),
-                                   b=pb.TensorRef(tensor=to_tensor(b, want)),
-                                   allow_tf32=allow_tf32, impl=impl)
+        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None (arrays or Handles).
+        dtype defaults to a's (when a is an array)."""
+        ra = _ref(a, dtype)
+        want = dtype
+        if want is None and ra.HasField("tensor"):
+            want = pb.DType.Name(ra.tensor.dtype).lower()
+        req = pb.MatmulReluRequest(a=ra, b=_ref(b, want), allow_tf32=allow_tf32, impl=impl,
+                                   output_options=pb.OutputOptions(keep_on_server=keep))
         if bias is not None:
-            req.bias.tensor.CopyFrom(to_tensor(bias, want))
+            req.bias.CopyFrom(_ref(bias, want))
         return self._call(self.stub.MatmulRelu, req, timeout, bf16_output, return_timing)
+
+    # --- tensors held by the server --------------------------------------------------------
+
+    def upload(self, x, *, dtype=None, chunk_bytes=4 << 20, timeout=None) -> Handle:
+        """Streams x to the server in chunks; returns its Handle."""
+        t = to_tensor(x, dtype)
+        data = memoryview(t.data)
+
+        def chunks():
+            yield pb.UploadRequest(dtype=t.dtype, shape=t.shape, data=bytes(data[:chunk_bytes]))
+            for off in range(chunk_bytes, len(data), chunk_bytes):
+                yield pb.UploadRequest(data=bytes(data[off:off + chunk_bytes]))
+
+        try:
+            resp = self.stub.Upload(chunks(), timeout=self.timeout if timeout is None else timeout,
+                                    metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+        return Handle(resp.tensor.handle)
+
+    def download(self, handle, *, bf16_output="float32", timeout=None) -> np.ndarray:
+        """Fetches a held tensor as a numpy array (bfloat16 as in the ops)."""
+        try:
+            parts, header = [], None
+            for msg in self.stub.Download(pb.DownloadRequest(handle=handle),
+                                          timeout=self.timeout if timeout is None else timeout,
+                                          metadata=self._metadata):
+                if header is None and msg.HasField("tensor"):
+                    header = msg.tensor
+                parts.append(msg.data)
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+        if header is None:
+            raise FuseboxError(grpc.StatusCode.INTERNAL, "download carried no tensor header")
+        return from_tensor(pb.Tensor(dtype=header.dtype, shape=header.shape, data=b"".join(parts)),
+                           bf16_output)
+
+    def free(self, handle) -> int:
+        """Frees a held tensor; returns the bytes freed."""
+        try:
+            return self.stub.FreeTensor(pb.FreeTensorRequest(handle=handle), timeout=self.timeout,
+                                        metadata=self._metadata).freed_bytes
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+
+    def list_tensors(self):
+        """This caller's held tensors: (list of TensorInfo, used_bytes, quota_bytes)."""
+        try:
+            r = self.stub.ListTensors(pb.ListTensorsRequest(), timeout=self.timeout,
+                                      metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise FuseboxError(e.code(), e.details()) from None
+        return [_info(t) for t in r.tensors], r.used_bytes, r.quota_bytes
 
     def _call(self, method, req, timeout, bf16_output, return_timing):
         start = time.perf_counter()
@@ -210,9 +296,12 @@ class Client:
         except grpc.RpcError as e:
             raise FuseboxError(e.code(), e.details()) from None
         rpc_us = (time.perf_counter() - start) * 1e6
-        if not resp.output.HasField("tensor"):
-            raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no inline output tensor")
-        out = from_tensor(resp.output.tensor, bf16_output)
+        if resp.output.HasField("handle"):
+            out = Handle(resp.output.handle)
+        elif resp.output.HasField("tensor"):
+            out = from_tensor(resp.output.tensor, bf16_output)
+        else:
+            raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no output")
         if not return_timing:
             return out
         t = resp.timing
