@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
       };
       std::vector<Variant> variants = {{"cublaslt", false}, {"cublaslt", true}};
       if (!mode.tf32) variants.push_back({"tiled", true});  // the tiled kernel never uses TF32
+      if (mode.dt != DType::kFloat32) variants.push_back({"tiled_mma", true});  // mma.sync forced
       for (const Variant& v : variants) {
         fc::MatmulArgs args;
         args.dtype = mode.dt;
@@ -207,12 +208,14 @@ int main(int argc, char** argv) {
         args.b = b;
         args.bias = v.bias ? bias : nullptr;
         args.allow_tf32 = mode.tf32;
-        const bool tiled = !std::strcmp(v.impl, "tiled");
+        const bool tiled = !std::strncmp(v.impl, "tiled", 5);
+        const fc::TiledKernel which =
+            !std::strcmp(v.impl, "tiled_mma") ? fc::TiledKernel::kMmaSync : fc::TiledKernel::kAuto;
         args.out = tiled ? c_tiled : c_lt;
         bool failed = false;
         auto run = [&] {
           if (tiled) {
-            if (fc::LaunchMatmulReluTiled(args, nullptr) != cudaSuccess) failed = true;
+            if (fc::LaunchMatmulReluTiled(args, nullptr, which) != cudaSuccess) failed = true;
           } else if (!lt.Run(args, nullptr).ok()) {
             failed = true;
           }

@@ -29,7 +29,7 @@ GELU_N = 1 << 28
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 # ----------------------------------------------------------------------------- Triton kernels
-SQRT_2_OVER_PI = 0.7978845608028654
+SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit

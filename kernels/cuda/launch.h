@@ -41,9 +41,11 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 4 or 8
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
-//   threads           long-row kernels: threads per block (multiple of 32, <= 512)
+//   threads           long-row kernels: threads per block (multiple of 32, <= 512); short-row
+//                     row sum: threads per block (256, 512 or 1024)
 //   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
+//   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 struct KernelChoice {
   int threads_per_row = 0;
   int vectors_per_thread = 0;
@@ -51,6 +53,7 @@ struct KernelChoice {
   int threads = 0;
   int smem_bytes = 0;
   int long_rows = 0;
+  int pipeline = 0;
 };
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out,
                               int64_t rows, int64_t cols, cudaStream_t s);

@@ -23,9 +23,12 @@
 // so the whole row NaN; a row of only -inf has max -inf and e^(-inf - -inf) = NaN everywhere;
 // -inf next to finite values gives 0. See MaxSum in common.cuh for the partial-state rules.
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -250,14 +253,175 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
 
+// ------------------------------------------------------------------------------ long rows, pipelined
+// Persistent version for rows that need shared memory: grid = nclusters * csize (as many clusters
+// as the device holds at once); cluster c handles rows c, c + nclusters, ... Per block, the part of
+// its chunk beyond the registers lives in shared memory as pieces of kPieceAcc accesses, each
+// filled by one bulk copy completing on its own mbarrier (one phase per row). The reduction
+// consumes each piece as it lands, so the exp work hides under the loads; the output pass refills
+// each piece with the next row's data as soon as every thread has read it, and reloads the
+// registers after writing them, so the next row's reads overlap this row's writes.
+constexpr int kPieceAcc = 2048;                              // 32 KiB per bulk copy
+constexpr int kMaxPieces = kBigSmemBytes / (kPieceAcc * 16);  // 7
+
+template <typename T, int VPT>
+__global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* in, T* out, int64_t rows, int nacc,
+                                                                      int chunk, int csize, int smem_acc,
+                                                                      int nclusters) {
+  constexpr int W = 16 / sizeof(T);
+  using R = uint4;
+  extern __shared__ __align__(128) uint4 row_smem[];
+  __shared__ MaxSum scratch[33];
+  __shared__ MaxSum block_result[2];
+  __shared__ MaxSum cluster_result;
+  __shared__ __align__(8) uint64_t full[kMaxPieces];
+
+  const int rank = csize > 1 ? static_cast<int>(ClusterRank()) : 0;
+  const int64_t first_row = blockIdx.x / csize;
+  const int a0 = rank * chunk;
+  const int n = max(0, min(nacc - a0, chunk));
+  const int t = threadIdx.x, nt = blockDim.x;
+  const int nreg = min(n, nt * VPT);
+  const int nsm = min(n - nreg, smem_acc);
+  const int nstart = nreg + nsm;
+  const int npieces = (nsm + kPieceAcc - 1) / kPieceAcc;
+  const R* sm = row_smem;
+
+  auto src_of = [&](int64_t row) { return reinterpret_cast<const R*>(in) + row * nacc + a0; };
+  auto issue_piece = [&](const R* src, int p) {  // thread 0 only
+    const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
+    const uint32_t bytes = static_cast<uint32_t>(hi - lo) * 16u;
+    MbarArriveExpectTx(&full[p], bytes);
+    BulkLoad(row_smem + lo, src + nreg + lo, bytes, &full[p]);
+  };
+
+  if (t == 0) {
+    for (int p = 0; p < npieces; ++p) MbarInit(&full[p], 1);
+  }
+  __syncthreads();
+  R v[VPT];
+  if (first_row < rows) {
+    const R* src = src_of(first_row);
+    if (t == 0) {
+      for (int p = 0; p < npieces; ++p) issue_piece(src, p);
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) v[j] = LoadStream(src + t + j * nt);
+    }
+  }
+  int iter = 0;
+  for (int64_t row = first_row; row < rows; row += nclusters, ++iter) {
+    const R* src = src_of(row);
+    R* dst = reinterpret_cast<R*>(out) + row * nacc + a0;
+    const uint32_t parity = iter & 1;
+
+    // Pass 1: registers, the streamed remainder (rows too long for the cluster), then each piece
+    // as it lands.
+    float m = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) AccumulateMax<T, W>(v[j], m);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], m, s);
+    }
+    MaxSum st{m, s};
+    {
+      int a = nstart + t;
+      for (; a + 3 * nt < n; a += 4 * nt) {
+        R x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
+      }
+      for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
+    }
+    for (int p = 0; p < npieces; ++p) {
+      MbarWait(&full[p], parity);
+      const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
+      float pm = st.m;
+      for (int a = lo + t; a < hi; a += nt) AccumulateMax<T, W>(sm[a], pm);
+      float ps = Rescale(st.s, st.m, pm);
+      for (int a = lo + t; a < hi; a += nt) AccumulateSum<T, W>(sm[a], pm, ps);
+      st = {pm, ps};
+    }
+
+    // Block, then cluster (double-buffered slot: a block can be one row ahead of a reader).
+    MaxSum tot = BlockReduce(st, scratch);
+    if (csize > 1) {
+      const int slot = iter & 1;
+      if (t == 0) block_result[slot] = tot;
+      ClusterArrive();
+      ClusterWait();
+      if (t < 32) {
+        MaxSum r{-INFINITY, 0.f};
+        if (t < csize) {
+          const float2 x = LoadRemoteF2(MapRank(&block_result[slot], static_cast<uint32_t>(t)));
+          r = {x.x, x.y};
+        }
+        r = WarpReduce(r);
+        if (t == 0) cluster_result = r;
+      }
+      __syncthreads();
+      tot = cluster_result;
+    }
+
+    // Pass 2: pieces (each refilled with the next row), the streamed remainder, registers.
+    const float M = tot.m;
+    const float inv = 1.0f / tot.s;
+    const int64_t next = row + nclusters;
+    const R* nsrc = next < rows ? src_of(next) : nullptr;
+    for (int p = 0; p < npieces; ++p) {
+      const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
+      for (int a = lo + t; a < hi; a += nt) StoreStream(dst + nreg + a, Output<T, W>(sm[a], M, inv));
+      __syncthreads();  // every thread has read piece p
+      if (t == 0 && nsrc != nullptr) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        issue_piece(nsrc, p);
+      }
+    }
+    {
+      int a = nstart + t;
+      for (; a + 3 * nt < n; a += 4 * nt) {
+        R x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = LoadStream(src + a + u * nt);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) StoreStream(dst + a + u * nt, Output<T, W>(x[u], M, inv));
+      }
+      for (; a < n; a += nt) StoreStream(dst + a, Output<T, W>(LoadStream(src + a), M, inv));
+    }
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) StoreStream(dst + t + j * nt, Output<T, W>(v[j], M, inv));
+    }
+    if (nsrc != nullptr) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        if (t + j * nt < nreg) v[j] = LoadStream(nsrc + t + j * nt);
+      }
+    }
+  }
+  if (csize > 1) {  // nobody leaves while another block may still read its last result
+    ClusterArrive();
+    ClusterWait();
+  }
+}
+
 // ------------------------------------------------------------------------------ host side
+enum class Kind { kRows, kChunk, kPipe };
 struct Plan {
   bool vec = false;
-  bool small = false;
+  Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
+  int nclusters = 0;  // pipelined: clusters launched (persistent)
 };
 
 int CurrentDevice() {
@@ -266,19 +430,21 @@ int CurrentDevice() {
   return d;
 }
 
-// Per kernel instance and device: raises the dynamic shared-memory limit and allows clusters of
-// 16 once; returns the largest cluster size (16 or 8) that the device can co-schedule for the
-// big configuration (512 threads, 224 KiB). Thread-safe (idempotent attribute calls; racing first
-// calls compute the same answer).
-template <typename T, int W, int VPT>
-int PrepareBigKernel() {
-  static std::atomic<int> cache[64];
-  const int slot = CurrentDevice() & 63;
-  int c = cache[slot].load(std::memory_order_acquire);
-  if (c != 0) return c;
-  auto kernel = SoftmaxChunkKernel<T, W, VPT>;
-  c = 8;
+// Per (kernel, device): raise the dynamic shared-memory limit, allow clusters of 16, and record
+// whether the device can co-schedule a cluster of 16 blocks of 512 threads with 224 KiB each.
+// Per (kernel, device, cluster, threads, shared memory): how many clusters fit at once.
+// Cached under a mutex (a map lookup per launch); CUDA errors of refused queries are cleared.
+std::mutex g_mu;
+std::map<std::pair<const void*, int>, bool> g_prepared;
+std::map<std::tuple<const void*, int, int, int, int>, int> g_active;
+
+bool PrepareKernel(const void* kernel) {
+  const int dev = CurrentDevice();
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = g_prepared.find({kernel, dev});
+  if (it != g_prepared.end()) return it->second;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBigSmemBytes);
+  bool c16 = false;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(16 * 16);
@@ -292,19 +458,53 @@ int PrepareBigKernel() {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1) c = 16;
+    c16 = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
   }
-  cudaGetLastError();  // a refused query leaves no error behind for the caller's launch check
-  cache[slot].store(c, std::memory_order_release);
-  return c;
+  cudaGetLastError();
+  g_prepared[{kernel, dev}] = c16;
+  return c16;
+}
+
+int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
+  PrepareKernel(kernel);
+  const int dev = CurrentDevice();
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto key = std::make_tuple(kernel, dev, csize, threads, smem);
+  auto it = g_active.find(key);
+  if (it != g_active.end()) return it->second;
+  int n = 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(csize * 64);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = csize;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
+  cudaGetLastError();
+  g_active[key] = n;
+  return n;
 }
 
 template <typename T, int W>
-int BigClusterLimit(int vpt) {
-  return vpt == 8 ? PrepareBigKernel<T, W, 8>() : PrepareBigKernel<T, W, 4>();
+const void* ChunkKernelPtr(int vpt) {
+  return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 8>)
+                  : reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 4>);
+}
+template <typename T>
+const void* PipeKernelPtr(int vpt) {
+  return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 8>)
+                  : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
 }
 
 int RoundUp32(int64_t x) { return static_cast<int>(std::max<int64_t>(32, CeilDiv(x, 32) * 32)); }
+
+// Row length in 16-byte accesses up to which one block holds a row in registers alone.
+constexpr int kRegsOnly = kChunkMaxThreads * 8;  // 4096 (64 KiB)
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int64_t rows, int64_t cols,
@@ -315,86 +515,96 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   const int nacc = p->nacc;
-  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512);
-  if (p->small) {
+  if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) {
+    p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
     if (p->vpt != 4 && p->vpt != 8 && p->vpt != 16) return cudaErrorInvalidValue;
-    p->tpr = k.threads_per_row ? k.threads_per_row
-                               : std::min(32, Pow2Ceil(CeilDiv(nacc, p->vpt)));
+    p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, p->vpt)));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
-  // Long rows.
-  int vpt, csize, threads, smem_acc = 0;
-  if (nacc <= 8 * 2048) {
-    vpt = 8;
-    csize = std::min(8, Pow2Ceil(CeilDiv(nacc, 2048)));
-  } else if (nacc <= 8 * 4096) {
-    vpt = 8;
-    csize = 8;
-  } else {
-    vpt = p->vec ? 4 : 8;  // vector path: the rest of the chunk goes to shared memory
-    csize = 0;             // decided below: 16 if the device allows it
-  }
-  if (k.vectors_per_thread) vpt = k.vectors_per_thread;
+  const int vpt = k.vectors_per_thread ? k.vectors_per_thread : 8;
   if (vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
-  if (k.cluster) csize = k.cluster;
-  if (csize == 0) csize = p->vec ? BigClusterLimit<T, W>(vpt) : 8;
-  if (csize < 1 || csize > 16) return cudaErrorInvalidValue;
-  if (csize > 8 && BigClusterLimit<T, W>(vpt) < 16) return cudaErrorInvalidValue;
-  const int64_t chunk = CeilDiv(nacc, csize);
-  if (k.threads) {
-    threads = k.threads;
-  } else if (nacc <= 8 * 4096) {
-    threads = std::min(kChunkMaxThreads, RoundUp32(CeilDiv(chunk, vpt)));
-  } else {
-    threads = kChunkMaxThreads;
+  if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
+    return cudaErrorInvalidValue;
   }
-  if (threads < 32 || threads > kChunkMaxThreads || threads % 32 != 0) return cudaErrorInvalidValue;
+  const bool pipe = p->vec && (k.pipeline > 0 || (k.pipeline == 0 && nacc > kRegsOnly));
+  const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
+  const int max_c = PrepareKernel(kernel) ? 16 : 8;
+  int csize, threads, smem_acc = 0;
+  if (pipe) {
+    threads = k.threads ? k.threads : kChunkMaxThreads;
+    const int64_t cap = static_cast<int64_t>(threads) * vpt + kBigSmemBytes / 16;  // on chip per block
+    csize = k.cluster ? k.cluster : std::min(max_c, Pow2Ceil(CeilDiv(nacc, cap)));
+  } else {
+    // One-shot kernel: registers (plus shared memory when forced), rest streamed.
+    csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, kRegsOnly)));
+    threads = k.threads ? k.threads
+                        : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize), vpt)));
+  }
+  if (csize > max_c) return cudaErrorInvalidValue;
+  const int64_t chunk = CeilDiv(nacc, csize);
   const int64_t rest = std::max<int64_t>(0, chunk - static_cast<int64_t>(threads) * vpt);
-  if (p->vec) {
-    if (k.smem_bytes > 0) {
-      smem_acc = static_cast<int>(std::min<int64_t>(rest, std::min(k.smem_bytes, kBigSmemBytes) / 16));
-    } else if (k.smem_bytes == 0) {
-      smem_acc = static_cast<int>(std::min<int64_t>(rest, kBigSmemBytes / 16));
-    }
+  if (p->vec) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
+    const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, kBigSmemBytes) / 16
+                      : k.smem_bytes < 0 ? 0
+                                         : kBigSmemBytes / 16;
+    smem_acc = static_cast<int>(std::min<int64_t>(rest, limit));
   }
   if (rows * csize > INT_MAX) return cudaErrorInvalidValue;
+  p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->vpt = vpt;
   p->csize = csize;
   p->threads = threads;
   p->smem_acc = smem_acc;
   p->chunk = static_cast<int>(chunk);
+  if (pipe) {
+    const int active = ActiveClusters(kernel, csize, threads, smem_acc * 16);
+    p->nclusters = static_cast<int>(active > 0 ? std::min<int64_t>(rows, active) : std::min<int64_t>(rows, 1 << 16));
+  }
   return cudaSuccess;
 }
 
-template <typename T, int W, int VPT>
-cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
-  auto kernel = SoftmaxChunkKernel<T, W, VPT>;
-  const int smem = p.smem_acc * 16;
-  if (smem > 48 * 1024 || p.csize > 8) PrepareBigKernel<T, W, VPT>();
+cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows * p.csize));
+  cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(p.threads);
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = p.smem_acc * 16;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = p.csize;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<const T*>(in), static_cast<T*>(out), p.nacc,
-                                           p.chunk, p.csize, p.smem_acc);
+  return cfg;
+}
+
+template <typename T, int W, int VPT>
+cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize), s, attr);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
+                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc);
+  if (e != cudaSuccess) return e;
+  return cudaGetLastError();
+}
+
+template <typename T, int VPT>
+cudaError_t LaunchPipe(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(p.nclusters) * p.csize, s, attr);
+  const cudaError_t e =
+      cudaLaunchKernelEx(&cfg, SoftmaxPipeKernel<T, VPT>, static_cast<const T*>(in), static_cast<T*>(out), rows,
+                         p.nacc, p.chunk, p.csize, p.smem_acc, p.nclusters);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
 
 template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
-  if (p.small) {
+  if (p.kind == Kind::kRows) {
     const int rows_per_block = kSmallThreads / p.tpr;
     const int64_t blocks = CeilDiv(rows, rows_per_block);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
@@ -407,6 +617,11 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
       default: SoftmaxSmallKernel<T, W, 16><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr); break;
     }
     return cudaGetLastError();
+  }
+  if constexpr (W > 1) {
+    if (p.kind == Kind::kPipe) {
+      return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
+    }
   }
   return p.vpt == 8 ? LaunchChunk<T, W, 8>(p, in, out, rows, s) : LaunchChunk<T, W, 4>(p, in, out, rows, s);
 }
@@ -450,11 +665,12 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
-  } else if (p.small) {
+  } else if (p.kind == Kind::kRows) {
     std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d", p.vec ? "vec" : "scalar", p.tpr, p.vpt);
   } else {
-    std::snprintf(buf, len, "softmax/cluster %s c=%d t=%d v=%d smem=%d", p.vec ? "vec" : "scalar", p.csize,
-                  p.threads, p.vpt, p.smem_acc * 16);
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d%s", p.kind == Kind::kPipe ? "pipe" : "chunk",
+                  p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt, p.smem_acc * 16,
+                  p.kind == Kind::kPipe ? (" clusters=" + std::to_string(p.nclusters)).c_str() : "");
   }
 }
 

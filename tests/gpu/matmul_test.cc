@@ -48,8 +48,12 @@ class DeviceBuffer {
   void* p_ = nullptr;
 };
 
-enum class Impl { kCublasLt, kTiled };
-const char* ImplName(Impl i) { return i == Impl::kTiled ? "tiled" : "cublaslt"; }
+// kTiled is the launcher's automatic choice (wgmma on large aligned 16-bit
+// problems, else mma.sync); kTiledMma forces mma.sync.
+enum class Impl { kCublasLt, kTiled, kTiledMma };
+const char* ImplName(Impl i) {
+  return i == Impl::kTiled ? "tiled" : i == Impl::kTiledMma ? "tiled-mma.sync" : "cublaslt";
+}
 
 double Tolerance(DType dt, bool tf32) {
   switch (dt) {
@@ -73,7 +77,10 @@ Problem MakeProblem(DType dt, int64_t m, int64_t n, int64_t k, bool bias, uint64
   p.a = ref::RandomTensor(dt, m * k, -1.f, 1.f, seed);
   p.b = ref::RandomTensor(dt, k * n, -1.f, 1.f, seed + 1);
   if (bias) p.c = ref::RandomTensor(dt, n, -1.f, 1.f, seed + 2);
-  if (nan_in_a && m * k > 0) StoreFromFloat(dt, p.a.data(), 0, std::nanf(""));
+  if (nan_in_a && m * k > 0) {  // first and last element: rows 0 and m-1 become NaN
+    StoreFromFloat(dt, p.a.data(), 0, std::nanf(""));
+    StoreFromFloat(dt, p.a.data(), m * k - 1, std::nanf(""));
+  }
   p.ref = ref::MatmulRelu(dt, p.a.data(), p.b.data(), bias ? p.c.data() : nullptr, m, n, k);
   return p;
 }
@@ -104,8 +111,11 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
   args.out = dout.get(misalign);
   args.allow_tf32 = tf32;
   absl::Status s;
-  if (impl == Impl::kTiled) {
-    s = CudaStatus(LaunchMatmulReluTiled(args, nullptr), "tiled");
+  if (impl != Impl::kCublasLt) {
+    s = CudaStatus(LaunchMatmulReluTiled(args, nullptr,
+                                         impl == Impl::kTiled ? TiledKernel::kAuto
+                                                              : TiledKernel::kMmaSync),
+                   "tiled");
   } else {
     std::unique_ptr<CublasLtMatmul> own;
     if (lt == nullptr) {
@@ -140,11 +150,13 @@ struct Shape {
 };
 
 // Odd shapes (partial tiles, N or K not a multiple of 8 -> the gather path),
-// tile multiples, a GEMV-like row, both tile configurations of the tiled
-// kernel (>= 132 tiles of 128x256 selects the large one).
-const Shape kShapes[] = {{1, 1, 1},      {3, 5, 7},       {65, 33, 129},   {128, 256, 64},
-                         {257, 130, 96}, {256, 264, 80},  {1, 4096, 512},  {300, 2000, 40},
-                         {1536, 2816, 64}, {1537, 2817, 65}, {1000, 1000, 1000}};
+// tile multiples, a GEMV-like row, both tile configurations of the mma.sync
+// kernel (>= 132 tiles of 128x256 selects the large one), and the wgmma
+// kernel (large + aligned) with full and with partial tiles in M, N and K.
+const Shape kShapes[] = {{1, 1, 1},        {3, 5, 7},          {65, 33, 129},
+                         {128, 256, 64},   {257, 130, 96},     {256, 264, 80},
+                         {1, 4096, 512},   {300, 2000, 40},    {1536, 2816, 64},
+                         {1537, 2817, 65}, {1000, 4104, 136},  {1000, 1000, 1000}};
 
 class MatmulTest : public testing::TestWithParam<DType> {};
 
@@ -170,6 +182,8 @@ TEST_P(MatmulTest, AllShapesBothImplsMatchReference) {
     if (dt == DType::kFloat32) {
       ExpectMatches(p, Impl::kCublasLt, true);
       ExpectMatches(p, Impl::kTiled, true);  // ignores tf32: exact
+    } else {
+      ExpectMatches(p, Impl::kTiledMma, false);
     }
   }
 }
@@ -203,6 +217,10 @@ TEST_P(MatmulTest, NanInputPropagatesThroughRelu) {
   ASSERT_TRUE(std::isnan(p.ref[0]));
   ExpectMatches(p, Impl::kTiled, false);
   ExpectMatches(p, Impl::kCublasLt, false);
+  if (GetParam() != DType::kFloat32) {  // the wgmma kernel
+    const Problem q = MakeProblem(GetParam(), 1000, 4104, 136, true, 6, /*nan_in_a=*/true);
+    ExpectMatches(q, Impl::kTiled, false);
+  }
 }
 
 TEST_P(MatmulTest, FreshInputsEachRunGiveFreshResults) {

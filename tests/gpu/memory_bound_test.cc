@@ -18,6 +18,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/gpu/memory_bound_variants.h"
@@ -143,7 +144,11 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     const DType dt = GetParam();
     const size_t es = ElementSize(dt);
     const uint64_t seed = FreshSeed();
-    std::vector<uint8_t> in = ref::RandomTensor(dt, n, -8.f, 8.f, seed);
+    // Tiny tensors: inputs where GeLU is well above the underflow of the output type (a single
+    // element near -7 has a true value ~1e-15: 0 in float16, and the fp64 tanh form itself
+    // loses its relative precision there).
+    const float range = n < 64 ? 3.f : 8.f;
+    std::vector<uint8_t> in = ref::RandomTensor(dt, n, -range, range, seed);
     if (specials && n >= 8) {
       const float v[] = {kNaN, kInf, -kInf, Big(dt), -Big(dt), 0.f, -0.f, 1e-30f};
       for (int i = 0; i < 8; ++i) StoreFromFloat(dt, in.data(), static_cast<size_t>(i * (n / 8)), v[i]);
@@ -178,8 +183,16 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
                       },
                       &out))
         << where;
-    const ref::Comparison c = ref::Compare(dt, out.data(), want, ref::DefaultTolerance(dt));
-    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
+    // float16 stores values below 2^-14 as subnormals with a fixed step of 2^-24: long rows have
+    // most probabilities there. Allow that rounding (half a step per element) on top.
+    double tol = ref::DefaultTolerance(dt);
+    if (dt == DType::kFloat16) {
+      double norm = 0;
+      for (double w : want) norm += std::isfinite(w) ? w * w : 0.0;
+      if (norm > 0) tol += 0.5 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(want.size()) / norm);
+    }
+    const ref::Comparison c = ref::Compare(dt, out.data(), want, tol);
+    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " tol=" << tol << " first_bad=" << c.first_bad;
   }
 
   void CheckRowSum(int64_t rows, int64_t cols, Offsets off, const KernelChoice& k, float lo = -1.f,
@@ -201,8 +214,19 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
                       },
                       &out))
         << where;
-    const ref::Comparison c = ref::Compare(DType::kFloat32, out.data(), want, 1e-5);
-    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
+    // float32 accumulation: the error scales with sum |x|, not with |sum x| (a row of random
+    // signs can sum to nearly zero), so the tolerance carries the condition number.
+    double abs_norm = 0, ref_norm = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double a = 0;
+      for (int64_t j = 0; j < cols; ++j) a += std::fabs(LoadAsFloat(dt, in.data(), r * cols + j));
+      if (std::isfinite(a)) abs_norm += a * a;
+      if (std::isfinite(want[r])) ref_norm += want[r] * want[r];
+    }
+    const double cond = ref_norm > 0 ? std::max(1.0, std::sqrt(abs_norm / ref_norm)) : 1.0;
+    const double tol = 1e-5 * cond;
+    const ref::Comparison c = ref::Compare(DType::kFloat32, out.data(), want, tol);
+    EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " tol=" << tol << " first_bad=" << c.first_bad;
   }
 };
 
@@ -284,9 +308,23 @@ TEST_P(MemoryBound, SoftmaxSpecialRows) {
     CheckSoftmax(rows, cols, {0, 0}, KernelChoice{}, edit);
     CheckSoftmax(rows, cols, {1, 1}, KernelChoice{}, edit);
     if (cols == (1 << 20)) {
-      CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 4, 8, 512, 0, 1), edit);  // smem + streamed
+      CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 4, 8, 512, 0, 1, -1), edit);  // one-shot, streamed
+      CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 8, 8, 512, 0, 1, 1), edit);   // pipelined, streamed
+    }
+    if (cols == 4096) {  // pipelined, one block per row: registers + one shared-memory piece
+      CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 4, 1, 64, 0, 1, 1), edit);
     }
   }
+}
+
+// The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
+// clusters of 1..16, shared memory in one or several pieces, and a streamed remainder.
+TEST_P(MemoryBound, SoftmaxPipelinedRefills) {
+  const int64_t cols = GetParam() == DType::kFloat32 ? 65536 : 131072;  // 16384 accesses per row
+  for (auto [c, vpt] : {std::pair{1, 4}, std::pair{1, 8}, std::pair{2, 8}, std::pair{8, 4}, std::pair{16, 8}}) {
+    CheckSoftmax(300, cols, {0, 0}, bench::Choice(0, vpt, c, 128, 0, 1, 1));
+  }
+  CheckSoftmax(97, cols, {0, 0}, bench::Choice(0, 8, 2, 64, 40000, 1, 1));  // smem + streamed
 }
 
 TEST_P(MemoryBound, RowSumShapes) {
