@@ -209,7 +209,7 @@ class SliceReader {
 };
 
 // Tensor { dtype = 1; repeated int64 shape = 2; bytes data = 3; }
-bool ParseTensor(SliceReader& r, size_t end, HostTensor* t, bool* has_data) {
+bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
   while (r.pos() < end) {
     uint64_t key, v;
     if (!r.Varint(&key)) return false;
@@ -234,7 +234,6 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t, bool* has_data) {
       t->data.clear();
       t->data.reserve(v);
       if (!r.Take(v, &t->data)) return false;
-      *has_data = true;
     } else if (!r.Skip(wire)) {
       return false;
     }
@@ -255,7 +254,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   out.data.clear();
   result->handle.clear();
   result->timing = Timing();
-  bool has_tensor = false, has_data = false;
+  bool has_tensor = false;
   auto bad = [] { return absl::InternalError("cannot parse the server's response"); };
   while (r.pos() < total) {
     uint64_t key, len;
@@ -268,7 +267,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
         uint64_t k2, l2;
         if (!r.Varint(&k2)) return bad();
         if (k2 == ((1 << 3) | 2)) {
-          if (!r.Varint(&l2) || !ParseTensor(r, r.pos() + l2, &out, &has_data)) return bad();
+          if (!r.Varint(&l2) || !ParseTensor(r, r.pos() + l2, &out)) return bad();
           has_tensor = true;
         } else if (k2 == ((2 << 3) | 2)) {
           if (!r.Varint(&l2)) return bad();
@@ -298,7 +297,6 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   if (!has_tensor && result->handle.empty()) {
     return absl::InternalError("server response has no output tensor");
   }
-  (void)has_data;
   return absl::OkStatus();
 }
 
