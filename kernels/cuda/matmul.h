@@ -11,9 +11,11 @@
 //    every runner of a device shares (thread-safe); each runner owns one
 //    cuBLASLt handle and one workspace (32 MiB by default, allocated once at
 //    creation: nothing is allocated per call). One runner per stream/thread.
-//  - LaunchMatmulReluTiled (matmul_tiled.cu): our own tensor-core kernel for
-//    float16/bfloat16 (mma.sync m16n8k16, cp.async multi-stage pipeline), any
-//    M, N, K; float32 goes to an exact CUDA-core (FFMA) kernel, never TF32.
+//  - LaunchMatmulReluTiled (matmul_tiled.cu): our own tensor-core kernels for
+//    float16/bfloat16: wgmma + TMA (sm_90a) for large aligned problems,
+//    mma.sync m16n8k16 with a cp.async pipeline for everything else (any M,
+//    N, K, any alignment); float32 goes to an exact CUDA-core (FFMA) kernel,
+//    never TF32. The library is built for sm_90a only (H100/H200).
 //
 // ReLU keeps NaN: relu(NaN) = NaN in the tiled kernel, like the CPU reference.
 // Errors are returned, never abort: shapes out of range are INVALID_ARGUMENT,
@@ -21,6 +23,7 @@
 // UNIMPLEMENTED, anything else INTERNAL, each with the library's message.
 #pragma once
 
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -56,9 +59,13 @@ class CublasLtMatmul {
  public:
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
 
-  // Creates the handle and the workspace on the current device.
+  // Creates the handle and the workspace on the current device. With
+  // `autotune`, the first Run of a shape of >= 8 GFLOP times the heuristic's
+  // first 8 candidates on its data (a one-time cost of ~24 extra products)
+  // and caches the fastest; otherwise the heuristic's first pick is used.
   static absl::StatusOr<std::unique_ptr<CublasLtMatmul>> Create(
-      std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes = kDefaultWorkspaceBytes);
+      std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes = kDefaultWorkspaceBytes,
+      bool autotune = true);
   ~CublasLtMatmul();
   CublasLtMatmul(const CublasLtMatmul&) = delete;
   CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;
@@ -74,13 +81,23 @@ class CublasLtMatmul {
   struct Impl;
   struct Plan;
   absl::Status MakePlan(const MatmulArgs& args, Plan* plan);
+  absl::Status Heuristic(Plan* plan, int want, cublasLtMatmulHeuristicResult_t* results,
+                         int* found);
+  absl::Status Tune(const MatmulArgs& args, Plan* plan, cudaStream_t stream);
+  absl::Status Launch(const MatmulArgs& args, Plan& plan, const cublasLtMatmulAlgo_t& algo,
+                      cudaStream_t stream);
   explicit CublasLtMatmul(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
-// Our tiled kernel. Enqueues on `stream`; returns the launch's error.
-// Needs no workspace and no handle; safe from any thread.
-cudaError_t LaunchMatmulReluTiled(const MatmulArgs& args, cudaStream_t stream);
+// Our tiled kernels. Enqueues on `stream`; returns the launch's error.
+// Needs no workspace and no handle; safe from any thread. kAuto takes the
+// wgmma kernel when it applies (16-bit, K % 8 == 0, N % 8 == 0, A and B
+// 16-byte aligned, at least 132 output tiles of 128x256) and mma.sync
+// otherwise; kMmaSync forces mma.sync (tests and benchmarks compare them).
+enum class TiledKernel { kAuto, kMmaSync };
+cudaError_t LaunchMatmulReluTiled(const MatmulArgs& args, cudaStream_t stream,
+                                  TiledKernel which = TiledKernel::kAuto);
 
 // Converts a CUDA error to a status with `what` as context
 // (cudaErrorMemoryAllocation -> RESOURCE_EXHAUSTED, else INTERNAL).

@@ -7,7 +7,10 @@
 //
 // Cost per call: descriptors live on the stack (the *Init forms, no heap);
 // the heuristic runs once per (shape, dtype, bias, tf32, alignments) and is
-// cached; then one cublasLtMatmul launch. The workspace (32 MiB) is
+// cached; then one cublasLtMatmul launch. Problems of >= 8 GFLOP are tuned
+// once: the heuristic's first 8 candidates are timed on the first call's data
+// and the fastest is cached (its first pick was up to 18% slower than the one
+// PyTorch's own cuBLASLt call gets on some H200 shapes, see NOTES-matmul.md). The workspace (32 MiB) is
 // allocated once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
 // which cuBLASLt does not do.
 #include <cublasLt.h>
@@ -88,22 +91,26 @@ class MatmulAlgoCache {
  public:
   static constexpr size_t kMaxEntries = 4096;
 
-  bool Find(const AlgoKey& key, cublasLtMatmulAlgo_t* algo) {
+  struct Entry {
+    cublasLtMatmulAlgo_t algo;
+    bool tuned;  // chosen by timing the heuristic's candidates, not just its first pick
+  };
+  bool Find(const AlgoKey& key, Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    *algo = it->second;
+    *e = it->second;
     return true;
   }
-  void Put(const AlgoKey& key, const cublasLtMatmulAlgo_t& algo) {
+  void Put(const AlgoKey& key, const Entry& e) {
     std::lock_guard<std::mutex> lock(mu_);
     if (map_.size() >= kMaxEntries) map_.clear();
-    map_[key] = algo;
+    map_[key] = e;
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> map_;
+  std::unordered_map<AlgoKey, Entry, AlgoKeyHash> map_;
 };
 
 std::shared_ptr<MatmulAlgoCache> NewMatmulAlgoCache() {
@@ -137,8 +144,12 @@ struct CublasLtMatmul::Impl {
   cublasLtMatmulPreference_t pref = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  cudaEvent_t tune_start = nullptr, tune_end = nullptr;
+  bool autotune = true;
 
   ~Impl() {
+    if (tune_start) cudaEventDestroy(tune_start);
+    if (tune_end) cudaEventDestroy(tune_end);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (handle) cublasLtDestroy(handle);
     if (workspace) cudaFree(workspace);
@@ -149,8 +160,9 @@ CublasLtMatmul::CublasLtMatmul(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 CublasLtMatmul::~CublasLtMatmul() = default;
 
 absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
-    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes) {
+    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes, bool autotune) {
   auto impl = std::make_unique<Impl>();
+  impl->autotune = autotune;
   impl->cache = cache ? std::move(cache) : NewMatmulAlgoCache();
   FUSEBOX_LT(cublasLtCreate(&impl->handle), "create");
   FUSEBOX_LT(cublasLtMatmulPreferenceCreate(&impl->pref), "preference create");
@@ -163,6 +175,12 @@ absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
     }
   }
   impl->workspace_bytes = workspace_bytes;
+  if (absl::Status s = CudaStatus(cudaEventCreate(&impl->tune_start), "cudaEventCreate"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CudaStatus(cudaEventCreate(&impl->tune_end), "cudaEventCreate"); !s.ok()) {
+    return s;
+  }
   FUSEBOX_LT(cublasLtMatmulPreferenceSetAttribute(impl->pref,
                                                   CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                   &impl->workspace_bytes,
@@ -171,12 +189,23 @@ absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
   return std::unique_ptr<CublasLtMatmul>(new CublasLtMatmul(std::move(impl)));
 }
 
-// Descriptors (on the stack: the *Init forms allocate nothing) and the algorithm.
+// Descriptors (on the stack: the *Init forms allocate nothing), the algorithm,
+// and whether it was chosen by timing.
 struct CublasLtMatmul::Plan {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatrixLayoutOpaque_t la, lb, lc;
+  AlgoKey key;
   cublasLtMatmulAlgo_t algo;
+  bool tuned = false;
 };
+
+namespace {
+// Problems of at least this many flops (2 x 2048^3 / 2) get their algorithm
+// by timing the heuristic's candidates once; smaller ones take its first pick.
+constexpr double kTuneFlops = 8e9;
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneReps = 2;
+}  // namespace
 
 absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
   const cudaDataType type = DataType(args.dtype);
@@ -200,17 +229,33 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
                "bias pointer");
   }
   // Column-major view: D (N x M, ld N) = Bcm (N x K, ld N) * Acm (K x M, ld K).
-  cublasLtMatrixLayout_t la = &plan->la, lb = &plan->lb, lc = &plan->lc;
-  FUSEBOX_LT(cublasLtMatrixLayoutInit(la, type, args.n, args.k, args.n), "layout B");
-  FUSEBOX_LT(cublasLtMatrixLayoutInit(lb, type, args.k, args.m, args.k), "layout A");
-  FUSEBOX_LT(cublasLtMatrixLayoutInit(lc, type, args.n, args.m, args.n), "layout C");
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(&plan->la, type, args.n, args.k, args.n), "layout B");
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(&plan->lb, type, args.k, args.m, args.k), "layout A");
+  FUSEBOX_LT(cublasLtMatrixLayoutInit(&plan->lc, type, args.n, args.m, args.n), "layout C");
 
-  const AlgoKey key{args.m, args.n, args.k, static_cast<int>(args.dtype), args.bias != nullptr,
-                    compute == CUBLAS_COMPUTE_32F_FAST_TF32, Alignment(args.a), Alignment(args.b),
-                    Alignment(args.out), args.bias ? Alignment(args.bias) : 256u};
-  if (impl_->cache->Find(key, &plan->algo)) return absl::OkStatus();
+  plan->key = AlgoKey{args.m, args.n, args.k, static_cast<int>(args.dtype), args.bias != nullptr,
+                      compute == CUBLAS_COMPUTE_32F_FAST_TF32, Alignment(args.a),
+                      Alignment(args.b), Alignment(args.out),
+                      args.bias ? Alignment(args.bias) : 256u};
+  MatmulAlgoCache::Entry entry;
+  if (impl_->cache->Find(plan->key, &entry)) {
+    plan->algo = entry.algo;
+    plan->tuned = entry.tuned;
+    return absl::OkStatus();
+  }
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  if (absl::Status s = Heuristic(plan, 1, &result, &found); !s.ok()) return s;
+  plan->algo = result.algo;
+  plan->tuned = 2.0 * args.m * args.n * args.k < kTuneFlops;  // small: nothing to tune
+  impl_->cache->Put(plan->key, {plan->algo, plan->tuned});
+  return absl::OkStatus();
+}
 
+absl::Status CublasLtMatmul::Heuristic(Plan* plan, int want,
+                                       cublasLtMatmulHeuristicResult_t* results, int* found) {
   // cuBLASLt's "A" is the user's B and its "B" the user's A.
+  const AlgoKey& key = plan->key;
   const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_c, key.align_c};
   const cublasLtMatmulPreferenceAttributes_t attrs[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -220,19 +265,58 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
                                                     sizeof aligns[i]),
                "alignment preference");
   }
-  cublasLtMatmulHeuristicResult_t result;
-  std::memset(&result, 0, sizeof result);
-  int found = 0;
-  FUSEBOX_LT(cublasLtMatmulAlgoGetHeuristic(impl_->handle, desc, la, lb, lc, lc, impl_->pref, 1,
-                                            &result, &found),
+  std::memset(results, 0, sizeof(*results) * want);
+  *found = 0;
+  FUSEBOX_LT(cublasLtMatmulAlgoGetHeuristic(impl_->handle, &plan->desc, &plan->la, &plan->lb,
+                                            &plan->lc, &plan->lc, impl_->pref, want, results,
+                                            found),
              "heuristic");
-  if (found == 0 || result.state != CUBLAS_STATUS_SUCCESS) {
+  if (*found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS) {
     return absl::UnimplementedError(absl::StrCat(
-        "cuBLASLt has no algorithm for matmul ", args.m, "x", args.n, "x", args.k, " ",
-        DTypeName(args.dtype), args.bias ? " with bias" : ""));
+        "cuBLASLt has no algorithm for matmul ", key.m, "x", key.n, "x", key.k, " ",
+        DTypeName(static_cast<DType>(key.dtype)), key.bias ? " with bias" : ""));
   }
-  plan->algo = result.algo;
-  impl_->cache->Put(key, plan->algo);
+  return absl::OkStatus();
+}
+
+absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
+                                    const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  FUSEBOX_LT(cublasLtMatmul(impl_->handle, &plan.desc, &alpha, args.b, &plan.la, args.a, &plan.lb,
+                            &beta, args.out, &plan.lc, args.out, &plan.lc, &algo,
+                            impl_->workspace, impl_->workspace_bytes, stream),
+             "matmul");
+  return absl::OkStatus();
+}
+
+// Times each of the heuristic's first candidates on the caller's data (one
+// warm-up, kTuneReps timed runs) and caches the fastest. Once per shape and
+// device; blocks this thread on the stream meanwhile. The output is
+// overwritten by every candidate and then by the real launch.
+absl::Status CublasLtMatmul::Tune(const MatmulArgs& args, Plan* plan, cudaStream_t stream) {
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
+  int found = 0;
+  if (absl::Status s = Heuristic(plan, kTuneCandidates, results, &found); !s.ok()) return s;
+  float best_ms = -1;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (!Launch(args, *plan, results[i].algo, stream).ok()) continue;  // candidate refused
+    cudaEventRecord(impl_->tune_start, stream);
+    bool ok = true;
+    for (int r = 0; r < kTuneReps && ok; ++r) ok = Launch(args, *plan, results[i].algo, stream).ok();
+    cudaEventRecord(impl_->tune_end, stream);
+    if (absl::Status s = CudaStatus(cudaEventSynchronize(impl_->tune_end), "autotune"); !s.ok()) {
+      return s;
+    }
+    float ms = 0;
+    if (!ok || cudaEventElapsedTime(&ms, impl_->tune_start, impl_->tune_end) != cudaSuccess) continue;
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      plan->algo = results[i].algo;
+    }
+  }
+  plan->tuned = true;
+  impl_->cache->Put(plan->key, {plan->algo, true});
   return absl::OkStatus();
 }
 
@@ -249,12 +333,10 @@ absl::Status CublasLtMatmul::Run(const MatmulArgs& args, cudaStream_t stream) {
   if (args.k == 0) return CudaStatus(LaunchMatmulReluTiled(args, stream), "tiled matmul (K=0)");
   Plan plan;
   if (absl::Status s = MakePlan(args, &plan); !s.ok()) return s;
-  const float alpha = 1.0f, beta = 0.0f;
-  FUSEBOX_LT(cublasLtMatmul(impl_->handle, &plan.desc, &alpha, args.b, &plan.la, args.a, &plan.lb,
-                            &beta, args.out, &plan.lc, args.out, &plan.lc, &plan.algo,
-                            impl_->workspace, impl_->workspace_bytes, stream),
-             "matmul");
-  return absl::OkStatus();
+  if (!plan.tuned && impl_->autotune) {
+    if (absl::Status s = Tune(args, &plan, stream); !s.ok()) return s;
+  }
+  return Launch(args, plan, plan.algo, stream);
 }
 
 }  // namespace fusebox::cuda
