@@ -14,8 +14,10 @@ std::vector<double> Gelu(DType dt, const void* in, int64_t n) {
   std::vector<double> out(n);
   const double c = std::sqrt(2.0 / M_PI);
   for (int64_t i = 0; i < n; ++i) {
+    // 0.5 x (1 + tanh(y)) = x / (1 + exp(-2y)): the same function without the
+    // cancellation of 1 + tanh(y) for very negative x.
     const double x = In(dt, in, i);
-    out[i] = 0.5 * x * (1.0 + std::tanh(c * (x + 0.044715 * x * x * x)));
+    out[i] = x / (1.0 + std::exp(-2.0 * c * (x + 0.044715 * x * x * x)));
   }
   return out;
 }
