@@ -9,7 +9,7 @@
 // --reps (default 30). Inputs are random (device-side hash fill), never zeros. Bytes counted:
 // each input read once plus each output written once. Memory: 2 GiB + 256 MiB.
 //
-// usage: fusebox_gpu_bench_memory_bound [--json PATH] [--reps N] [--no-variants] [--fp16]
+// usage: fusebox_gpu_bench_memory_bound [--json PATH] [--reps N] [--no-variants] [--fp16] [--filter TEXT]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
   using namespace fusebox;
   using namespace fusebox::bench;
   const char* json = nullptr;
+  const char* filter = nullptr;
   int reps = 30;
   bool variants = true, fp16 = false;
   for (int i = 1; i < argc; ++i) {
@@ -138,10 +139,12 @@ int main(int argc, char** argv) {
       reps = std::max(3, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--no-variants")) {
       variants = false;
+    } else if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) {
+      filter = argv[++i];
     } else if (!std::strcmp(argv[i], "--fp16")) {
       fp16 = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--no-variants] [--fp16]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--json PATH] [--reps N] [--no-variants] [--fp16] [--filter TEXT]\n", argv[0]);
       return 2;
     }
   }
@@ -158,6 +161,13 @@ int main(int argc, char** argv) {
   std::vector<Record> recs;
   uint64_t seed = 12345;
 
+  // --filter: only records whose "op dtype ROWSxCOLS impl" contains TEXT (for profiling one case).
+  auto selected = [&](const Record& r) {
+    if (filter == nullptr) return true;
+    const std::string key = r.op + " " + r.dtype + " " + std::to_string(r.rows) + "x" + std::to_string(r.cols) +
+                            " " + r.impl;
+    return key.find(filter) != std::string::npos;
+  };
   auto emit = [&](Record r) {
     std::printf("%-8s %-9s %7lldx%-8lld %-34s %9.4f ms %8.1f GB/s %s\n", r.op.c_str(), r.dtype.c_str(),
                 static_cast<long long>(r.rows), static_cast<long long>(r.cols),
@@ -167,7 +177,7 @@ int main(int argc, char** argv) {
     recs.push_back(std::move(r));
   };
 
-  {  // Copy ceiling as the runtime sees it (1 GiB read + 1 GiB written).
+  if (filter == nullptr) {  // Copy ceiling as the runtime sees it (1 GiB read + 1 GiB written).
     Record r;
     r.op = "ceiling_copy";
     r.dtype = "bytes";
@@ -194,12 +204,24 @@ int main(int argc, char** argv) {
       r.rows = 1;
       r.cols = n;
       r.bytes = 2.0 * n * es;
-      timer.Time([&] { return cuda::LaunchGelu(dt, in, out, n, s); }, &r);
-      emit(r);
-      if (variants) {
-        r.impl = "ours:auto-repeat";
+      if (selected(r)) {
         timer.Time([&] { return cuda::LaunchGelu(dt, in, out, n, s); }, &r);
         emit(r);
+      }
+      if (variants) {
+        for (const Variant& v : all_variants) {
+          if (v.op != "gelu" || v.dtype != dt) continue;
+          Record rv = r;
+          rv.impl = "ours:" + v.label;
+          if (!selected(rv)) continue;
+          timer.Time([&] { return cuda::LaunchGeluWith(v.choice, dt, in, out, n, s); }, &rv);
+          emit(rv);
+        }
+        r.impl = "ours:auto-repeat";
+        if (selected(r)) {
+          timer.Time([&] { return cuda::LaunchGelu(dt, in, out, n, s); }, &r);
+          emit(r);
+        }
       }
     }
     for (const char* op : {"softmax", "rowsum"}) {
@@ -214,6 +236,7 @@ int main(int argc, char** argv) {
           r.impl = impl;
           r.rows = sh.rows;
           r.cols = sh.cols;
+          if (!selected(r)) return;
           char desc[128];
           if (sm) {
             r.bytes = 2.0 * n * es;

@@ -22,7 +22,7 @@ inline std::vector<Shape> RowShapes() {
 constexpr int64_t kGeluElements = int64_t{1} << 28;
 
 inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int smem, int long_rows,
-                                 int pipeline = 0) {
+                                 int pipeline = 0, int streaming = 0) {
   cuda::KernelChoice k;
   k.threads_per_row = tpr;
   k.vectors_per_thread = vpt;
@@ -31,11 +31,12 @@ inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int
   k.smem_bytes = smem;
   k.long_rows = long_rows;
   k.pipeline = pipeline;
+  k.streaming = streaming;
   return k;
 }
 
 struct Variant {
-  std::string op;  // "softmax" or "rowsum"
+  std::string op;  // "gelu", "softmax" or "rowsum"
   Shape shape;
   DType dtype;
   cuda::KernelChoice choice;
@@ -49,34 +50,50 @@ inline std::vector<Variant> Variants() {
   auto add = [&](const char* op, Shape s, D d, cuda::KernelChoice k, const char* label) {
     v.push_back({op, s, d, k, label});
   };
-  // ---- softmax (run 1, 2026-11-29: the one-shot cluster kernel was the default for long rows)
-  add("softmax", {262144, 128}, D::kFloat32, Choice(16, 4, 0, 0, 0, -1), "rows tpr=16 v=4");
-  add("softmax", {262144, 128}, D::kFloat32, Choice(32, 4, 0, 0, 0, -1), "rows tpr=32 v=4");
-  add("softmax", {262144, 128}, D::kBFloat16, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 v=4");
-  add("softmax", {65536, 1024}, D::kFloat32, Choice(0, 8, 1, 32, 0, 1), "block t=32 v=8");
-  add("softmax", {65536, 1024}, D::kBFloat16, Choice(16, 8, 0, 0, 0, -1), "rows tpr=16 v=8");
-  add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 1), "pipe t=256 v=8");
-  add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 8, 1, 128, 0, 1, 1), "pipe t=128 v=8");
-  add("softmax", {2048, 32768}, D::kFloat32, Choice(0, 8, 1, 512, 0, 1, -1), "one-shot t=512 v=8 +smem");
-  add("softmax", {2048, 32768}, D::kFloat32, Choice(0, 8, 2, 512, 0, 1, 1), "pipe c=2 t=512 v=8");
-  add("softmax", {2048, 32768}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 1), "pipe t=256 v=8 +smem");
-  add("softmax", {2048, 32768}, D::kBFloat16, Choice(0, 8, 1, 512, 0, 1, 1), "pipe t=512 v=8");
-  add("softmax", {2048, 32768}, D::kBFloat16, Choice(0, 8, 1, 256, 0, 1, 1), "pipe t=256 v=8 +smem");
-  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 0, 1, 1), "pipe c=16 v=4");
-  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 0, 1, -1), "one-shot c=16 v=4");
+  const Shape g{1, kGeluElements};
+  const int kPlain = -1;
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    add("gelu", g, d, Choice(0, 4, 0, 256, 0, 0, 0, kPlain), "u=4 t=256 plain");
+    add("gelu", g, d, Choice(0, 2, 0, 128, 0, 0, 0, kPlain), "u=2 t=128 plain");
+    add("gelu", g, d, Choice(0, 2, 0, 128, 0, 0, 0, 1), "u=2 t=128 cs");
+    add("gelu", g, d, Choice(0, 8, 0, 256, 0, 0, 0, kPlain), "u=8 t=256 plain");
+  }
+  // ---- softmax (2026-11-29 run 2: the pipelined kernel lost to the one-shot one everywhere)
+  add("softmax", {262144, 128}, D::kFloat32, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 v=4");
+  add("softmax", {262144, 128}, D::kFloat32, Choice(16, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=16 plain");
+  add("softmax", {262144, 128}, D::kBFloat16, Choice(4, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=4 plain");
+  add("softmax", {262144, 128}, D::kBFloat16, Choice(16, 4, 0, 0, 0, -1), "rows tpr=16 v=4");
+  add("softmax", {65536, 1024}, D::kFloat32, Choice(0, 2, 1, 128, 0, 1), "block t=128 v=2");
+  add("softmax", {65536, 1024}, D::kFloat32, Choice(0, 8, 0, 0, 0, -1, 0, kPlain), "rows tpr=32 plain");
+  add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 1, 1, 128, 0, 1), "block t=128 v=1");
+  add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 2, 1, 64, 0, 1), "block t=64 v=2");
+  add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=32 plain");
+  add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
+  add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 0, kPlain), "block t=256 plain");
+  add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 2, 1, 512, 0, 1), "block t=512 v=2");
+  add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 4, 1, 256, 0, 1), "block t=256 v=4");
+  add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 2, 1, 512, 0, 1, 0, kPlain), "block t=512 v=2 plain");
+  add("softmax", {2048, 32768}, D::kFloat32, Choice(0, 8, 1, 512, 0, 1, 0, kPlain), "block +smem plain");
+  add("softmax", {2048, 32768}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4 +smem");
+  add("softmax", {2048, 32768}, D::kBFloat16, Choice(0, 8, 1, 512, 0, 1, 0, kPlain), "block t=512 plain");
+  add("softmax", {2048, 32768}, D::kBFloat16, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4 +smem");
+  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 0, 1), "c=16 v=4");
+  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 8, 512, 0, 1), "c=8 +smem +L2");
+  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
+  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 98304, 1), "c=16 96K smem +L2");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 4, 16, 512, 0, 1), "c=16 v=4");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 8, 512, 0, 1), "c=8 v=8");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 1), "pipe c=16 v=8");
-  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 4, 16, 512, 0, 1, 1), "pipe c=16 v=4");
-  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 4, 16, 512, 0, 1, -1), "one-shot c=16 v=4");
   // ---- row sum
-  add("rowsum", {262144, 128}, D::kFloat32, Choice(4, 0, 0, 512, 0, -1), "rows tpr=4 t=512");
-  add("rowsum", {262144, 128}, D::kFloat32, Choice(4, 0, 0, 1024, 0, -1), "rows tpr=4 t=1024");
-  add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1), "rows tpr=8");
-  add("rowsum", {262144, 128}, D::kBFloat16, Choice(16, 0, 0, 0, 0, -1), "rows tpr=16");
-  add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 1024, 0, -1), "rows tpr=4 t=1024");
-  add("rowsum", {65536, 1024}, D::kFloat32, Choice(16, 0, 0, 0, 0, -1), "rows tpr=16");
-  add("rowsum", {65536, 1024}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
-  add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
-  add("rowsum", {2048, 32768}, D::kBFloat16, Choice(0, 0, 2, 0, 0, 1), "cluster c=2");
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    for (const Shape& s : RowShapes()) add("rowsum", s, d, Choice(0, 0, 0, 0, 0, 0, 0, kPlain), "auto plain");
+  }
+  add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
+  add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
+  add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
+  add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
+  add("rowsum", {8192, 8192}, D::kBFloat16, Choice(0, 0, 1, 0, 0, 1), "block c=1");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
   return v;
 }

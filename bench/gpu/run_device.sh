@@ -59,6 +59,24 @@ for step in $steps; do
     python3 "$B/bin/memory_bound_report.py" "$OUT/ours.json" "$OUT/peers.json" --md "$OUT/report.md" \
       --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" || status=1
     ;;
+  ours)  # our kernels and all forced variants only (no peers): a tuning run
+    echo "== ours"
+    "$B/bin/fusebox_gpu_bench_memory_bound" --json "$OUT/ours.json" 2>&1 | tee -a "$OUT/bench.log" |
+      grep -v "^#" | cut -c1-118
+    ;;
+  profile)  # Nsight Compute on the cases in PROFILE ("filter=kernel-regex;..."), clocks left alone
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    IFS=';' read -r -a cases <<<"${PROFILE:-softmax float32 128x1048576 ours=SoftmaxChunk}"
+    for c in "${cases[@]}"; do
+      echo "== ncu: $c" | tee -a "$OUT/profile.log"
+      timeout 120 "$NCU" --clock-control none -k "regex:${c##*=}" --launch-skip 3 --launch-count 1 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats \
+        "$B/bin/fusebox_gpu_bench_memory_bound" --reps 3 --filter "${c%=*}" >>"$OUT/profile.log" 2>&1 || status=1
+      grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Compute \(SM\)|Waves Per SM|Grid Size|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps" \
+        "$OUT/profile.log" | tail -n 26
+    done
+    ;;
   *) echo "unknown step $step"; status=2 ;;
   esac
 done

@@ -141,6 +141,22 @@ __device__ __forceinline__ void StoreStream(R* p, const R& v) {
   }
 }
 
+// Loads / stores with the cache hint chosen at run time (a uniform branch): cs = streaming
+// (.cs, evict-first), otherwise plain ld.global / st.global.
+template <typename R>
+__device__ __forceinline__ R LoadHint(bool cs, const R* p) {
+  if (cs) return LoadStream(p);
+  return *p;
+}
+template <typename R>
+__device__ __forceinline__ void StoreHint(bool cs, R* p, const R& v) {
+  if (cs) {
+    StoreStream(p, v);
+  } else {
+    *p = v;
+  }
+}
+
 // 2^x on the special-function unit (max rel. error about 2^-22; -inf -> +0, +inf -> inf, NaN -> NaN).
 __device__ __forceinline__ float Ex2(float x) {
   float y;

@@ -13,6 +13,7 @@
 // u = sqrt(2/pi) (x + 0.044715 x^3), kA = -2 sqrt(2/pi) log2(e), kB = 0.044715 kA. Limits:
 // x = +inf -> inf, x = -inf -> NaN (as the tanh form: -inf * 0), NaN -> NaN, large negative -> -0.
 #include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -22,6 +23,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
+constexpr bool kDefaultStreaming = true;  // .cs loads/stores unless KernelChoice::streaming says
 constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f;
 constexpr float kB = 0.044715f * kA;
 
@@ -36,29 +38,30 @@ __device__ __forceinline__ void GeluScalarAt(const T* in, T* out, int64_t i) {
 }
 
 // Vector body over [head, head + nvec * W); head / tail scalars by the last block.
-template <typename T>
-__global__ __launch_bounds__(kThreads) void GeluVecKernel(const T* in, T* out,
-                                                          int64_t nvec, int head, int tail) {
+template <typename T, int U>
+__global__ __launch_bounds__(1024) void GeluVecKernel(const T* in, T* out, int64_t nvec, int head, int tail,
+                                                      bool cs) {
   constexpr int W = 16 / sizeof(T);
   using R = uint4;
   const R* src = reinterpret_cast<const R*>(in + head);
   R* dst = reinterpret_cast<R*>(out + head);
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * (kThreads * kUnroll) + threadIdx.x;
-  R v[kUnroll];
+  const int nt = blockDim.x;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * (nt * U) + threadIdx.x;
+  R v[U];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t i = base + u * kThreads;
-    if (i < nvec) v[u] = LoadStream(src + i);
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = base + u * nt;
+    if (i < nvec) v[u] = LoadHint(cs, src + i);
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int64_t i = base + u * kThreads;
+  for (int u = 0; u < U; ++u) {
+    const int64_t i = base + u * nt;
     if (i < nvec) {
       float f[W];
       Unpack<T, W>(v[u], f);
 #pragma unroll
       for (int e = 0; e < W; ++e) f[e] = GeluF(f[e]);
-      StoreStream(dst + i, PackFloats<T, W>(f));
+      StoreHint(cs, dst + i, PackFloats<T, W>(f));
     }
   }
   if (blockIdx.x == gridDim.x - 1 && threadIdx.x < head + tail) {
@@ -69,8 +72,7 @@ __global__ __launch_bounds__(kThreads) void GeluVecKernel(const T* in, T* out,
 }
 
 template <typename T>
-__global__ __launch_bounds__(kThreads) void GeluScalarKernel(const T* in, T* out,
-                                                             int64_t n) {
+__global__ __launch_bounds__(kThreads) void GeluScalarKernel(const T* in, T* out, int64_t n, bool cs) {
   constexpr int U = 8;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads * U;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads * U + threadIdx.x; base < n; base += stride) {
@@ -78,21 +80,27 @@ __global__ __launch_bounds__(kThreads) void GeluScalarKernel(const T* in, T* out
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + u * kThreads;
-      if (i < n) v[u] = LoadStream(in + i);
+      if (i < n) v[u] = LoadHint(cs, in + i);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t i = base + u * kThreads;
-      if (i < n) StoreStream(out + i, FromFloat<T>(GeluF(ToFloat<T>(v[u]))));
+      if (i < n) StoreHint(cs, out + i, FromFloat<T>(GeluF(ToFloat<T>(v[u]))));
     }
   }
 }
 
 template <typename T>
-cudaError_t LaunchGeluT(const void* in_v, void* out_v, int64_t n, cudaStream_t s) {
+cudaError_t LaunchGeluT(const KernelChoice& k, const void* in_v, void* out_v, int64_t n, cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
   T* out = static_cast<T*>(out_v);
   constexpr int W = 16 / sizeof(T);
+  const bool cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
+  const int unroll = k.vectors_per_thread ? k.vectors_per_thread : kUnroll;
+  const int threads = k.threads ? k.threads : kThreads;
+  if ((unroll != 2 && unroll != 4 && unroll != 8) || threads < 32 || threads > 1024 || threads % 32 != 0) {
+    return cudaErrorInvalidValue;
+  }
   const uintptr_t ia = reinterpret_cast<uintptr_t>(in), oa = reinterpret_cast<uintptr_t>(out);
   const bool elem_aligned = ia % sizeof(T) == 0 && oa % sizeof(T) == 0;
   if (elem_aligned && ia % 16 == oa % 16) {
@@ -100,27 +108,37 @@ cudaError_t LaunchGeluT(const void* in_v, void* out_v, int64_t n, cudaStream_t s
     if (head > n) head = static_cast<int>(n);
     const int64_t nvec = (n - head) / W;
     const int tail = static_cast<int>(n - head - nvec * W);
-    const int64_t blocks = nvec > 0 ? CeilDiv(nvec, kThreads * kUnroll) : 1;
-    GeluVecKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(in, out, nvec, head, tail);
+    const int64_t blocks = nvec > 0 ? CeilDiv(nvec, static_cast<int64_t>(threads) * unroll) : 1;
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    const unsigned g = static_cast<unsigned>(blocks);
+    switch (unroll) {
+      case 2: GeluVecKernel<T, 2><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
+      case 4: GeluVecKernel<T, 4><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
+      default: GeluVecKernel<T, 8><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
+    }
   } else {
     const int64_t blocks = std::min<int64_t>(CeilDiv(n, kThreads * 8), 132 * 64);
-    GeluScalarKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(in, out, n);
+    GeluScalarKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, s>>>(in, out, n, cs);
   }
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s) {
+cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n, cudaStream_t s) {
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
   switch (dt) {
-    case DType::kFloat32: return LaunchGeluT<float>(in, out, n, s);
-    case DType::kFloat16: return LaunchGeluT<__half>(in, out, n, s);
-    case DType::kBFloat16: return LaunchGeluT<__nv_bfloat16>(in, out, n, s);
+    case DType::kFloat32: return LaunchGeluT<float>(k, in, out, n, s);
+    case DType::kFloat16: return LaunchGeluT<__half>(k, in, out, n, s);
+    case DType::kBFloat16: return LaunchGeluT<__nv_bfloat16>(k, in, out, n, s);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s) {
+  return LaunchGeluWith(KernelChoice{}, dt, in, out, n, s);
 }
 
 }  // namespace fusebox::cuda

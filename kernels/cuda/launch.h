@@ -39,13 +39,16 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 // Forces parts of the kernel choice; 0 means "automatic". Values the build has no kernel for give
 // cudaErrorInvalidValue.
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
-//   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 4 or 8
+//   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
+//                     for the pipelined kernel)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
 //   threads           long-row kernels: threads per block (multiple of 32, <= 512); short-row
 //                     row sum: threads per block (256, 512 or 1024)
 //   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
+//   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
+// GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
   int vectors_per_thread = 0;
@@ -54,7 +57,10 @@ struct KernelChoice {
   int smem_bytes = 0;
   int long_rows = 0;
   int pipeline = 0;
+  int streaming = 0;
 };
+cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
+                           cudaStream_t s);
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out,
                               int64_t rows, int64_t cols, cudaStream_t s);
 cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, float* out,

@@ -4,7 +4,7 @@
 // Cost: reads every element once (rows cols sizeof(T) bytes) and writes rows floats; about one
 // add per element. Read-only streaming: each thread keeps kUnroll 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
-//  - short rows (nacc <= 512): a group of `tpr` lanes (4..32) per row, each lane summing every
+//  - short rows (nacc <= 1024): a group of `tpr` lanes (4..32) per row, each lane summing every
 //    tpr-th access, kUnroll loads in flight; shuffle reduction in the group; 256-thread blocks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster); each block sums its
 //    chunk, the cluster's block 0 adds the C partial sums from distributed shared memory in rank
@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
+constexpr bool kDefaultStreaming = true;  // .cs loads unless KernelChoice::streaming says
 
 template <typename T, int W>
 __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
@@ -35,14 +36,15 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
 
 // Sums accesses first, first + step, ... < n of src, kUnroll loads in flight.
 template <typename T, int W>
-__device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step) {
+__device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step,
+                                            bool cs) {
   using R = typename Pack<T, W>::Raw;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int a = first;
   for (; a + (kUnroll - 1) * step < n; a += kUnroll * step) {
     R x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = LoadStream(src + a + u * step);
+    for (int u = 0; u < kUnroll; ++u) x[u] = LoadHint(cs, src + a + u * step);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
   }
@@ -50,7 +52,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   R x[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    if (a + u * step < n) x[u] = LoadStream(src + a + u * step);
+    if (a + u * step < n) x[u] = LoadHint(cs, src + a + u * step);
   }
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -61,12 +63,12 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
 
 template <typename T, int W>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
-                                                          int tpr) {
+                                                          int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
   float s = 0.f;
-  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr);
+  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
 }
@@ -74,7 +76,7 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
 // grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1.
 template <typename T, int W>
 __global__ __launch_bounds__(kThreads) void RowSumChunkKernel(const T* in, float* out, int nacc, int chunk,
-                                                              int csize) {
+                                                              int csize, bool cs) {
   using R = typename Pack<T, W>::Raw;
   __shared__ float scratch[33];
   __shared__ float block_sum;
@@ -83,7 +85,7 @@ __global__ __launch_bounds__(kThreads) void RowSumChunkKernel(const T* in, float
   const int a0 = rank * chunk;
   const int n = max(0, min(nacc - a0, chunk));
   const float s = BlockSum(StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc + a0,
-                                            threadIdx.x, n, blockDim.x),
+                                            threadIdx.x, n, blockDim.x, cs),
                            scratch);
   if (csize == 1) {
     if (threadIdx.x == 0) out[row] = s;
@@ -107,6 +109,7 @@ struct Plan {
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
+  bool cs = true;
 };
 
 template <typename T>
@@ -116,12 +119,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   const int64_t nacc64 = p->vec ? cols / W : cols;
   if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
+  p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;
-  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512);
+  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc <= 1024);
   if (p->small) {
-    // At least 4 lanes (64 contiguous bytes) per row: measured faster than 1-2 lanes on the H200.
-    p->tpr = k.threads_per_row ? k.threads_per_row
-                               : std::min(32, std::max(4, Pow2Ceil(CeilDiv(nacc, kUnroll))));
+    // One lane per 64 elements, at least 4 and at most 32 (measured best on the H200 for 128,
+    // 1024 and 8192 columns, fp32 and bf16; NOTES.md).
+    p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, std::max(4, Pow2Ceil(CeilDiv(cols, 64))));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
@@ -143,7 +147,7 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr);
+    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
@@ -157,7 +161,7 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, RowSumChunkKernel<T, W>, in, out, p.nacc, p.chunk, p.csize);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, RowSumChunkKernel<T, W>, in, out, p.nacc, p.chunk, p.csize, p.cs);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -203,9 +207,11 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d", p.vec ? "vec" : "scalar", p.tpr, p.threads);
+    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
+                  p.cs ? "cs" : "plain");
   } else {
-    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d", p.vec ? "vec" : "scalar", p.csize, p.threads);
+    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
+                  p.cs ? "cs" : "plain");
   }
 }
 

@@ -40,11 +40,12 @@ constexpr int kSmallThreads = 256;
 constexpr int kChunkMaxThreads = 512;
 constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster path
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
+constexpr bool kDefaultStreaming = true;    // .cs loads/stores unless KernelChoice::streaming says
 
 // ------------------------------------------------------------------------------ short rows
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
-                                                                    int nacc, int tpr) {
+                                                                    int nacc, int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kSmallThreads / tpr) + threadIdx.x / tpr;
@@ -55,7 +56,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = lane + j * tpr;
-    if (active && a < nacc) v[j] = LoadStream(src + a);
+    if (active && a < nacc) v[j] = LoadHint(cs, src + a);
   }
   float m = -INFINITY;
 #pragma unroll
@@ -90,7 +91,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
       Unpack<T, W>(v[j], f);
 #pragma unroll
       for (int e = 0; e < W; ++e) f[e] = ExpDiff(f[e], m) * inv;
-      StoreStream(dst + a, PackFloats<T, W>(f));
+      StoreHint(cs, dst + a, PackFloats<T, W>(f));
     }
   }
 }
@@ -137,7 +138,7 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
 // held in dynamic shared memory (vector path only).
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
-                                                                       int csize, int smem_acc) {
+                                                                       int csize, int smem_acc, bool cs) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -161,7 +162,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = t + j * nt;
-    if (a < nreg) v[j] = LoadStream(src + a);
+    if (a < nreg) v[j] = LoadHint(cs, src + a);
   }
   if constexpr (Pack<T, W>::kVec) {
     if (nsm > 0 && t == 0) {
@@ -234,21 +235,21 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = t + j * nt;
-    if (a < nreg) StoreStream(dst + a, Output<T, W>(v[j], M, inv));
+    if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], M, inv));
   }
   if constexpr (Pack<T, W>::kVec) {
-    for (int a = t; a < nsm; a += nt) StoreStream(dst + nreg + a, Output<T, W>(sm[a], M, inv));
+    for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M, inv));
   }
   {
     int a = nstart + t;
     for (; a + 3 * nt < n; a += 4 * nt) {
       R x[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = LoadStream(src + a + u * nt);
+      for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) StoreStream(dst + a + u * nt, Output<T, W>(x[u], M, inv));
+      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M, inv));
     }
-    for (; a < n; a += nt) StoreStream(dst + a, Output<T, W>(LoadStream(src + a), M, inv));
+    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M, inv));
   }
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
@@ -269,6 +270,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
                                                                       int chunk, int csize, int smem_acc,
                                                                       int nclusters) {
   constexpr int W = 16 / sizeof(T);
+  constexpr bool cs = true;
   using R = uint4;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -307,7 +309,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     }
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) v[j] = LoadStream(src + t + j * nt);
+      if (t + j * nt < nreg) v[j] = LoadHint(cs, src + t + j * nt);
     }
   }
   int iter = 0;
@@ -377,7 +379,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     const R* nsrc = next < rows ? src_of(next) : nullptr;
     for (int p = 0; p < npieces; ++p) {
       const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
-      for (int a = lo + t; a < hi; a += nt) StoreStream(dst + nreg + a, Output<T, W>(sm[a], M, inv));
+      for (int a = lo + t; a < hi; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M, inv));
       __syncthreads();  // every thread has read piece p
       if (t == 0 && nsrc != nullptr) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -389,20 +391,20 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
       for (; a + 3 * nt < n; a += 4 * nt) {
         R x[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadStream(src + a + u * nt);
+        for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) StoreStream(dst + a + u * nt, Output<T, W>(x[u], M, inv));
+        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M, inv));
       }
-      for (; a < n; a += nt) StoreStream(dst + a, Output<T, W>(LoadStream(src + a), M, inv));
+      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M, inv));
     }
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) StoreStream(dst + t + j * nt, Output<T, W>(v[j], M, inv));
+      if (t + j * nt < nreg) StoreHint(cs, dst + t + j * nt, Output<T, W>(v[j], M, inv));
     }
     if (nsrc != nullptr) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
-        if (t + j * nt < nreg) v[j] = LoadStream(nsrc + t + j * nt);
+        if (t + j * nt < nreg) v[j] = LoadHint(cs, nsrc + t + j * nt);
       }
     }
   }
@@ -422,6 +424,7 @@ struct Plan {
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int nclusters = 0;  // pipelined: clusters launched (persistent)
+  bool cs = true;     // streaming cache hints
 };
 
 int CurrentDevice() {
@@ -492,8 +495,12 @@ int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
 
 template <typename T, int W>
 const void* ChunkKernelPtr(int vpt) {
-  return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 8>)
-                  : reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 4>);
+  switch (vpt) {
+    case 1: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 1>);
+    case 2: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 2>);
+    case 4: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 4>);
+    default: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 8>);
+  }
 }
 template <typename T>
 const void* PipeKernelPtr(int vpt) {
@@ -503,8 +510,6 @@ const void* PipeKernelPtr(int vpt) {
 
 int RoundUp32(int64_t x) { return static_cast<int>(std::max<int64_t>(32, CeilDiv(x, 32) * 32)); }
 
-// Row length in 16-byte accesses up to which one block holds a row in registers alone.
-constexpr int kRegsOnly = kChunkMaxThreads * 8;  // 4096 (64 KiB)
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int64_t rows, int64_t cols,
@@ -514,32 +519,40 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const int64_t nacc64 = p->vec ? cols / W : cols;
   if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
+  p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;
   if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) {
     p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
     if (p->vpt != 4 && p->vpt != 8 && p->vpt != 16) return cudaErrorInvalidValue;
-    p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, p->vpt)));
+    // fp32 rows of <= 64 accesses: 2 accesses per lane (measured faster than 4 for 128 columns).
+    const int per_lane = sizeof(T) == 4 && nacc <= 64 && !k.vectors_per_thread ? 2 : p->vpt;
+    p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, per_lane)));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   const int vpt = k.vectors_per_thread ? k.vectors_per_thread : 8;
-  if (vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
+  if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
     return cudaErrorInvalidValue;
   }
-  const bool pipe = p->vec && (k.pipeline > 0 || (k.pipeline == 0 && nacc > kRegsOnly));
+  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
+  if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
   int csize, threads, smem_acc = 0;
+  // Smallest cluster whose blocks hold the row on chip (512 threads x 8 accesses in registers +
+  // 224 KiB of shared memory = 18432 accesses each); from 8 up, the largest the device runs (16).
+  const int64_t cap = static_cast<int64_t>(kChunkMaxThreads) * 8 + (p->vec ? kBigSmemBytes / 16 : 0);
+  int auto_c = Pow2Ceil(CeilDiv(nacc, cap));
+  if (auto_c >= 8) auto_c = max_c;
   if (pipe) {
     threads = k.threads ? k.threads : kChunkMaxThreads;
-    const int64_t cap = static_cast<int64_t>(threads) * vpt + kBigSmemBytes / 16;  // on chip per block
-    csize = k.cluster ? k.cluster : std::min(max_c, Pow2Ceil(CeilDiv(nacc, cap)));
+    csize = k.cluster ? k.cluster : auto_c;
   } else {
-    // One-shot kernel: registers (plus shared memory when forced), rest streamed.
-    csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, kRegsOnly)));
+    // One-shot kernel: registers, then shared memory, rest streamed.
+    csize = k.cluster ? k.cluster : auto_c;
     threads = k.threads ? k.threads
                         : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize), vpt)));
   }
@@ -586,7 +599,7 @@ cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, 
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize), s, attr);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
-                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc);
+                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -612,9 +625,9 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
     switch (p.vpt) {
-      case 4: SoftmaxSmallKernel<T, W, 4><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr); break;
-      case 8: SoftmaxSmallKernel<T, W, 8><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr); break;
-      default: SoftmaxSmallKernel<T, W, 16><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr); break;
+      case 4: SoftmaxSmallKernel<T, W, 4><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      case 8: SoftmaxSmallKernel<T, W, 8><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      default: SoftmaxSmallKernel<T, W, 16><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
     }
     return cudaGetLastError();
   }
@@ -623,7 +636,12 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
     }
   }
-  return p.vpt == 8 ? LaunchChunk<T, W, 8>(p, in, out, rows, s) : LaunchChunk<T, W, 4>(p, in, out, rows, s);
+  switch (p.vpt) {
+    case 1: return LaunchChunk<T, W, 1>(p, in, out, rows, s);
+    case 2: return LaunchChunk<T, W, 2>(p, in, out, rows, s);
+    case 4: return LaunchChunk<T, W, 4>(p, in, out, rows, s);
+    default: return LaunchChunk<T, W, 8>(p, in, out, rows, s);
+  }
 }
 
 template <typename T>
@@ -666,10 +684,12 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kRows) {
-    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d", p.vec ? "vec" : "scalar", p.tpr, p.vpt);
+    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
+                  p.cs ? "cs" : "plain");
   } else {
-    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d%s", p.kind == Kind::kPipe ? "pipe" : "chunk",
-                  p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt, p.smem_acc * 16,
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
+                  p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
+                  p.smem_acc * 16, p.cs ? "cs" : "plain",
                   p.kind == Kind::kPipe ? (" clusters=" + std::to_string(p.nclusters)).c_str() : "");
   }
 }

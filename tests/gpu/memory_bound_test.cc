@@ -140,7 +140,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { REQUIRE_GPU(); }
 
-  void CheckGelu(int64_t n, Offsets off, bool specials) {
+  void CheckGelu(int64_t n, Offsets off, bool specials, const KernelChoice& k = KernelChoice{}) {
     const DType dt = GetParam();
     const size_t es = ElementSize(dt);
     const uint64_t seed = FreshSeed();
@@ -157,7 +157,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     std::vector<uint8_t> out;
     const std::string where = Where(dt, 1, n, off.in_elems * es, off.out_elems * es, seed, "gelu");
     ASSERT_TRUE(RunOp(in, off.in_elems * es, n * es, off.out_elems * es,
-                      [&](const void* i, void* o) { return cuda::LaunchGelu(dt, i, o, n, nullptr); }, &out))
+                      [&](const void* i, void* o) { return cuda::LaunchGeluWith(k, dt, i, o, n, nullptr); }, &out))
         << where;
     const ref::Comparison c = ref::Compare(dt, out.data(), want, ref::DefaultTolerance(dt));
     EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
@@ -380,7 +380,10 @@ TEST_P(MemoryBound, BenchmarkVariants) {
   for (const bench::Variant& v : bench::Variants()) {
     if (v.dtype != dt) continue;
     const int64_t rows = std::min<int64_t>(v.shape.rows, v.shape.cols >= (1 << 20) ? 2 : 300);
-    if (v.op == "softmax") {
+    if (v.op == "gelu") {
+      CheckGelu((1 << 20) + 5, {0, 0}, true, v.choice);
+      CheckGelu(1000, {1, 1}, true, v.choice);
+    } else if (v.op == "softmax") {
       CheckSoftmax(rows, v.shape.cols, {0, 0}, v.choice);
     } else {
       CheckRowSum(rows, v.shape.cols, {0, 0}, v.choice);
