@@ -17,8 +17,8 @@
 // row length allow it, a scalar path otherwise. Negative sizes give cudaErrorInvalidValue.
 // Thread safety: launchers may be called concurrently from several threads and streams.
 // Cost: one pass over the data (each input byte read once from HBM, each output written once),
-// except softmax rows longer than a cluster can hold on chip (fp32 rows > 2^20 elements,
-// 16-bit rows > 2^21): the part that does not fit is read a second time (mostly from L2).
+// except softmax rows longer than a cluster can hold on chip (16 blocks x 288 KiB: fp32 rows >
+// ~1.2M elements, 16-bit rows > ~2.4M): the part that does not fit is read a second time.
 #pragma once
 
 #include <cuda_runtime_api.h>

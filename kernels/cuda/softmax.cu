@@ -8,15 +8,20 @@
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc <= 512): a group of `tpr` lanes (1..32) per row, each lane holding VPT
 //    accesses in registers; max and sum by warp shuffles within the group; 256-thread blocks.
-//  - long rows: a thread-block cluster of C blocks per row (C = 1 is a plain block per row); each
-//    block holds its chunk of the row in registers (threads x VPT accesses), then in shared memory
-//    (filled by the bulk-copy engine, cp.async.bulk, completing on an mbarrier), and streams any
-//    remainder twice. Each thread reduces its values to a (max, sum of e^(x-max)) pair, the block
-//    combines pairs, the cluster combines the blocks' pairs through distributed shared memory
-//    (one cluster barrier), then every block writes its chunk: e^(x - max) / sum.
-//    C <= 8 and registers only up to 32768 accesses (512 KiB fp32); beyond that C = 16
-//    (non-portable cluster, when the device can co-schedule it) or 8, with 224 KiB shared memory
-//    per block: 16 x 256 KiB = 4 MiB, one 2^20 fp32 row, held on chip.
+//  - long rows (one-shot kernel, the default): a thread-block cluster of C blocks per row (C = 1 is
+//    a plain block per row). Each block holds its chunk in registers (up to 512 threads x 8
+//    accesses = 64 KiB), then in shared memory (up to 224 KiB, filled by the bulk-copy engine,
+//    cp.async.bulk, completing on an mbarrier), and streams any remainder twice. Each thread
+//    reduces its values to a (max, sum of e^(x-max)) pair, the block combines pairs, the cluster
+//    combines the blocks' pairs through distributed shared memory (one cluster barrier), then
+//    every block writes its chunk: e^(x - max) / sum. C is the smallest power of two whose blocks
+//    hold the row (18432 accesses each); from 8 up the largest the device co-schedules, 16
+//    (non-portable): 16 x 288 KiB covers a 2^20 fp32 row. On the H200 only 7 clusters of 16 (112
+//    of 132 SMs) fit at once, and each block alternates load / reduce / store phases with one
+//    block per SM: 128x1048576 reaches ~70% of copy bandwidth (NOTES.md, with the profile).
+//  - long rows, pipelined (opt-in, KernelChoice::pipeline = 1): persistent clusters that consume
+//    shared-memory pieces as they land and refill them with the next row; measured slower than
+//    the one-shot kernel on every shape so far (NOTES.md), kept for further work.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 //
 // Special values (as tests/reference.cc and PyTorch): a NaN or +inf in a row makes its sum NaN and
@@ -532,7 +537,10 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
-  const int vpt = k.vectors_per_thread ? k.vectors_per_thread : 8;
+  // Rows spread over the largest clusters: fp32 measured faster with 4 accesses per thread in
+  // registers and more shared memory (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
+  const bool huge = CeilDiv(nacc, static_cast<int64_t>(kChunkMaxThreads) * 8 + kBigSmemBytes / 16) > 4;
+  const int vpt = k.vectors_per_thread ? k.vectors_per_thread : (huge && sizeof(T) == 4 && p->vec) ? 4 : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
     return cudaErrorInvalidValue;
