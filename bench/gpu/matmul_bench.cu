@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
         };
         double min_ms = 0;
         int reps = 0;
-        const double med = timer.Median(run, 3, quick ? 100 : 300, &min_ms, &reps);
+        const double med = timer.Median(run, 3, quick ? 60 : 80, &min_ms, &reps);
         CHECK_CUDA(cudaDeviceSynchronize());
         char line[512];
         std::snprintf(line, sizeof line,

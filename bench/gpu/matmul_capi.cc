@@ -23,8 +23,9 @@ fusebox::cuda::CublasLtMatmul* Runner(bool autotune) {
 }  // namespace
 
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType). impl: 0 cuBLASLt
-// (autotuned), 1 tiled (automatic choice), 2 tiled forced to mma.sync,
-// 3 cuBLASLt with the heuristic's first pick. Returns 0 on success.
+// as the server runs it (heuristic's first pick), 1 tiled (automatic choice),
+// 2 tiled forced to mma.sync, 3 cuBLASLt with candidates timed (autotune).
+// Returns 0 on success.
 extern "C" __attribute__((visibility("default"))) int fusebox_bench_matmul(
     int dtype, int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* bias,
     void* out, int allow_tf32, int impl, void* stream) {
@@ -40,7 +41,7 @@ extern "C" __attribute__((visibility("default"))) int fusebox_bench_matmul(
   args.allow_tf32 = allow_tf32 != 0;
   auto s = static_cast<cudaStream_t>(stream);
   if (impl == 0 || impl == 3) {
-    auto* r = Runner(impl == 0);
+    auto* r = Runner(impl == 3);
     return r != nullptr && r->Run(args, s).ok() ? 0 : 1;
   }
   const auto which = impl == 2 ? fusebox::cuda::TiledKernel::kMmaSync : fusebox::cuda::TiledKernel::kAuto;

@@ -37,6 +37,7 @@ def fmt(v):
 
 def main():
     py = load(sys.argv[1])
+    lt = "cublaslt"
     cpp = load(sys.argv[2]) if len(sys.argv) > 2 else {}
     misses, bad = [], [r for r in py.values() if r.get("check") == "FAIL"]
     bad += [r for r in cpp.values() if r.get("check") == "FAIL"]
@@ -48,12 +49,12 @@ def main():
     for s in shapes_of(py):
         for mode in MODES:
             t = lambda impl, bias: (py.get((impl, mode, bias) + s) or {}).get("tflops")
-            lt, lt_b = t("cublaslt", False), t("cublaslt", True)
+            lt_n, lt_b = t(lt, False), t(lt, True)
             tr, ta = t("torch_relu_matmul", False), t("torch_addmm_activation", True)
             tiled, mma = t("tiled", True), t("tiled_mma", True)
-            if lt is None and tr is None:
+            if lt_n is None and tr is None:
                 continue
-            r1 = lt / tr if lt and tr else None
+            r1 = lt_n / tr if lt_n and tr else None
             r2 = lt_b / ta if lt_b and ta else None
             rt = tiled / lt_b if tiled and lt_b else None
             if r1 is not None and r1 < 1.0:
@@ -61,7 +62,7 @@ def main():
             if r2 is not None and r2 < 0.98:
                 misses.append(f"{mode} {s} bias: {r2:.3f}x _addmm_activation")
             g = lambda v, target: (f"{v:.3f}" + ("" if v >= target else " MISS")) if v else "-"
-            print(f"| {s[0]}x{s[1]}x{s[2]} | {mode} | {fmt(lt)} | {fmt(tr)} | {g(r1, 1.0)} | "
+            print(f"| {s[0]}x{s[1]}x{s[2]} | {mode} | {fmt(lt_n)} | {fmt(tr)} | {g(r1, 1.0)} | "
                   f"{fmt(lt_b)} | {fmt(ta)} | {g(r2, 0.98)} | {fmt(tiled)} | "
                   f"{f'{rt:.2f}' if rt else '-'} | {fmt(mma)} |")
     if cpp:

@@ -11,6 +11,9 @@
 //    every runner of a device shares (thread-safe); each runner owns one
 //    cuBLASLt handle and one workspace (32 MiB by default, allocated once at
 //    creation: nothing is allocated per call). One runner per stream/thread.
+//    cuBLASLt's trace log on the H200 shows our call and PyTorch's
+//    _addmm_activation with the same descriptors and the same heuristic pick;
+//    the one difference is the workspace (torch 2.11 passes 1 MiB).
 //  - LaunchMatmulReluTiled (matmul_tiled.cu): our own tensor-core kernels for
 //    float16/bfloat16: wgmma + TMA (sm_90a) for large aligned problems,
 //    mma.sync m16n8k16 with a cp.async pipeline for everything else (any M,
@@ -62,10 +65,12 @@ class CublasLtMatmul {
   // Creates the handle and the workspace on the current device. With
   // `autotune`, the first Run of a shape of >= 8 GFLOP times the heuristic's
   // first 8 candidates on its data (a one-time cost of ~24 extra products)
-  // and caches the fastest; otherwise the heuristic's first pick is used.
+  // and caches the fastest; otherwise (the default) the heuristic's first
+  // pick is used. Off by default: timed without an L2 flush, inside a server,
+  // it picked slower kernels as often as faster ones (NOTES-matmul.md, run 3).
   static absl::StatusOr<std::unique_ptr<CublasLtMatmul>> Create(
       std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes = kDefaultWorkspaceBytes,
-      bool autotune = true);
+      bool autotune = false);
   ~CublasLtMatmul();
   CublasLtMatmul(const CublasLtMatmul&) = delete;
   CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;

@@ -7,11 +7,10 @@
 //
 // Cost per call: descriptors live on the stack (the *Init forms, no heap);
 // the heuristic runs once per (shape, dtype, bias, tf32, alignments) and is
-// cached; then one cublasLtMatmul launch. Problems of >= 8 GFLOP are tuned
-// once: the heuristic's first 8 candidates are timed on the first call's data
-// and the fastest is cached (its first pick was up to 18% slower than the one
-// PyTorch's own cuBLASLt call gets on some H200 shapes, see NOTES-matmul.md). The workspace (32 MiB) is
-// allocated once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
+// cached; then one cublasLtMatmul launch. Optionally (Create's autotune),
+// problems of >= 8 GFLOP are tuned once: the heuristic's first 8 candidates
+// are timed on the first call's data and the fastest is cached. The workspace
+// (32 MiB) is allocated once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
 // which cuBLASLt does not do.
 #include <cublasLt.h>
 
@@ -218,12 +217,8 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
   FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
              "epilogue");
   if (args.bias) {
-    // The bias has the output's type, cuBLASLt's default for these types;
-    // set explicitly so the contract is visible here.
-    const int32_t bias_type = type;
-    FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                              &bias_type, sizeof bias_type),
-               "bias type");
+    // The bias has the output's type: cuBLASLt's default (BIAS_DATA_TYPE -1), left unset as
+    // PyTorch leaves it.
     FUSEBOX_LT(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &args.bias,
                                               sizeof args.bias),
                "bias pointer");
