@@ -2,7 +2,8 @@
 # Packs built executables and modules, plus the shared libraries they need that
 # the GPU machine lacks (gRPC, protobuf, abseil, prometheus-cpp, ...), into
 # .bundle/ so the device tool can carry it (`carry: [".bundle"]`) and run it
-# with LD_LIBRARY_PATH=.bundle/lib:/usr/local/cuda/lib64. System libraries,
+# with LD_LIBRARY_PATH=.bundle/lib:/usr/local/cuda/lib64 after unpacking
+# .bundle/lib.tgz (tar -C .bundle -xzf .bundle/lib.tgz). System libraries,
 # the C++ runtime and CUDA's own (cudart, cuBLAS) are left to that machine.
 #
 # usage: scripts/device_bundle.sh FILE... (executables or .so files; scripts copied as they are)
@@ -19,4 +20,10 @@ for f in "$@"; do
     done
   fi
 done
+# The device tool carries at most 64 MiB: past 48 MB ship the libraries gzipped
+# (OpenBLAS alone is 35 MB); run scripts then unpack them first:
+#   [[ -f $B/lib.tgz ]] && tar -C $B -xzf $B/lib.tgz
+if (( $(du -sm "$out" | cut -f1) > 48 )); then
+  tar -C "$out" -czf "$out/lib.tgz" lib && rm -rf "$out/lib"
+fi
 du -sh "$out" | awk '{print "bundle: " $1}'

@@ -21,7 +21,8 @@ std::vector<uint8_t> RandomTensor(DType dt, int64_t n, float lo, float hi, uint6
 // Compares a computed buffer (dtype dt, n elements) against a reference.
 // Passes when ||out - ref|| / ||ref|| <= rel_tol over finite references and
 // every non-finite reference is matched exactly (NaN by NaN, +-inf by itself).
-// A NaN in `out` where the reference is finite always fails.
+// A NaN in `out` where the reference is finite always fails. float16 outputs
+// get 2^-25 of absolute slack per element (half its smallest subnormal step).
 struct Comparison {
   bool ok = false;
   double rel_error = 0;  // ||out - ref||_2 / max(||ref||_2, tiny)
