@@ -83,6 +83,17 @@ absl::StatusOr<RequestContext> KernelServiceImpl::Context(
   return c;
 }
 
+void KernelServiceImpl::RecordOther(const char* method, const grpc::Status& status,
+                                    int64_t bytes_in, int64_t bytes_out) const {
+  if (metrics_ == nullptr) return;
+  CallRecord r;
+  r.method = method;
+  r.grpc_code = static_cast<int>(status.error_code());
+  r.bytes_in = bytes_in;
+  r.bytes_out = bytes_out;
+  metrics_->RecordCall(r);
+}
+
 template <typename Req>
 grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
                                                    const char* method, Op op, const Req& req,
@@ -184,11 +195,11 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       : svc_(svc), resp_(resp) {
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
-      Finish(ToGrpcStatus(c.status()));
+      End(ToGrpcStatus(c.status()));
       return;
     }
     if (svc_->store_ == nullptr) {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
       return;
     }
     tenant_ = c->tenant;
@@ -249,12 +260,17 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     FillInfo(*tensor_, resp_->mutable_tensor());
     const double secs = (NowNs() - started_ns_) / 1e9;
     resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
-    Finish(grpc::Status::OK);
+    End(grpc::Status::OK);
   }
 
   void Fail(const absl::Status& s) {
     tensor_.reset();  // frees memory and reservation
-    Finish(ToGrpcStatus(s));
+    End(ToGrpcStatus(s));
+  }
+
+  void End(const grpc::Status& s) {
+    svc_->RecordOther("Upload", s, written_, 0);
+    Finish(s);
   }
 
   KernelServiceImpl* const svc_;
@@ -281,22 +297,22 @@ class KernelServiceImpl::DownloadReactor final
       : svc_(svc) {
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
-      Finish(ToGrpcStatus(c.status()));
+      End(ToGrpcStatus(c.status()));
       return;
     }
     if (svc_->store_ == nullptr) {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
       return;
     }
     if (req->chunk_bytes() < 0) {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
       return;
     }
     chunk_ = req->chunk_bytes() == 0 ? kDefaultChunkBytes
                                      : std::min<int64_t>(req->chunk_bytes(), kMaxChunkBytes);
     auto t = svc_->store_->Get(c->tenant, req->handle());
     if (!t.ok()) {
-      Finish(ToGrpcStatus(t.status()));
+      End(ToGrpcStatus(t.status()));
       return;
     }
     tensor_ = *std::move(t);
@@ -306,12 +322,12 @@ class KernelServiceImpl::DownloadReactor final
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
       return;
     }
     msg_.clear_tensor();
     if (sent_ == tensor_->bytes) {
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     Next();
@@ -332,12 +348,17 @@ class KernelServiceImpl::DownloadReactor final
                                msg_.mutable_data()->data(), static_cast<size_t>(n), NowNs(),
                                [this, n](absl::Status s, const OpTiming&) {
                                  if (!s.ok()) {
-                                   Finish(ToGrpcStatus(s));
+                                   End(ToGrpcStatus(s));
                                    return;
                                  }
                                  sent_ += n;
                                  StartWrite(&msg_);
                                });
+  }
+
+  void End(const grpc::Status& s) {
+    svc_->RecordOther("Download", s, 0, sent_);
+    Finish(s);
   }
 
   KernelServiceImpl* const svc_;
@@ -356,17 +377,19 @@ grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerCont
                                                         const v1::FreeTensorRequest* req,
                                                         v1::FreeTensorResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status status;
   auto c = Context(*ctx);
   if (!c.ok()) {
-    reactor->Finish(ToGrpcStatus(c.status()));
+    status = ToGrpcStatus(c.status());
   } else if (store_ == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+    status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors");
   } else if (auto freed = store_->Free(c->tenant, req->handle()); !freed.ok()) {
-    reactor->Finish(ToGrpcStatus(freed.status()));
+    status = ToGrpcStatus(freed.status());
   } else {
     resp->set_freed_bytes(*freed);
-    reactor->Finish(grpc::Status::OK);
   }
+  RecordOther("FreeTensor", status, 0, 0);
+  reactor->Finish(status);
   return reactor;
 }
 
@@ -374,29 +397,28 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerCon
                                                          const v1::ListTensorsRequest* req,
                                                          v1::ListTensorsResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    reactor->Finish(ToGrpcStatus(c.status()));
-    return reactor;
-  }
-  if (store_ == nullptr) {
-    reactor->Finish(grpc::Status::OK);  // nothing held
-    return reactor;
-  }
-  if (!req->handle().empty()) {
-    auto t = store_->Get(c->tenant, req->handle());
-    if (!t.ok()) {
-      reactor->Finish(ToGrpcStatus(t.status()));
-      return reactor;
-    }
+  grpc::Status status = ListInto(*ctx, *req, resp);
+  RecordOther("ListTensors", status, 0, 0);
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status KernelServiceImpl::ListInto(const grpc::CallbackServerContext& ctx,
+                                         const v1::ListTensorsRequest& req,
+                                         v1::ListTensorsResponse* resp) const {
+  auto c = Context(ctx);
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  if (store_ == nullptr) return grpc::Status::OK;  // nothing held
+  if (!req.handle().empty()) {
+    auto t = store_->Get(c->tenant, req.handle());
+    if (!t.ok()) return ToGrpcStatus(t.status());
     FillInfo(**t, resp->add_tensors());
   } else {
     for (const auto& t : store_->List(c->tenant)) FillInfo(*t, resp->add_tensors());
   }
   resp->set_used_bytes(store_->TenantUsedBytes(c->tenant));
   resp->set_quota_bytes(store_->limits().tenant_quota_bytes);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 }  // namespace fusebox

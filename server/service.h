@@ -48,6 +48,12 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   class UploadReactor;
   class DownloadReactor;
 
+  // Counts one finished RPC that ran no op (Upload, Download, FreeTensor,
+  // ListTensors) in the metrics, if any.
+  void RecordOther(const char* method, const grpc::Status& status, int64_t bytes_in,
+                   int64_t bytes_out) const;
+  grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
+                        v1::ListTensorsResponse* resp) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op: the common body of the four op methods.

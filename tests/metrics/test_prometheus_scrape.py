@@ -229,6 +229,22 @@ def make_calls(channel):
                 seen["bytes_in"]["MatmulRelu"] += len(req.bias.tensor.data)
             call("MatmulRelu", req, dtype)
 
+    # Tensors held by the server: counted by method and code, bytes in / out.
+    data = tensor(rng.standard_normal((64, 32)), "float32").data
+    chunks = [pb.UploadRequest(dtype=pb.FLOAT32, shape=[64, 32], data=data[:5000]),
+              pb.UploadRequest(data=data[5000:])]
+    handle = stub.Upload(iter(chunks), timeout=20).tensor.handle
+    seen["codes"][("Upload", "OK")] += 1
+    seen["bytes_in"]["Upload"] += len(data)
+    got = b"".join(m.data for m in stub.Download(pb.DownloadRequest(handle=handle), timeout=20))
+    assert got == data
+    seen["codes"][("Download", "OK")] += 1
+    seen["bytes_out"]["Download"] += len(got)
+    stub.ListTensors(pb.ListTensorsRequest(), timeout=20)
+    seen["codes"][("ListTensors", "OK")] += 1
+    stub.FreeTensor(pb.FreeTensorRequest(handle=handle), timeout=20)
+    seen["codes"][("FreeTensor", "OK")] += 1
+
     good = dict(seen["codes"])
     # Bad calls: rejected before they run, so no latency and no payload bytes.
     no_dtype = pb.TensorRef(tensor=pb.Tensor(shape=[4], data=b"\0" * 16))
@@ -240,6 +256,11 @@ def make_calls(channel):
           [("MatmulRelu", mismatch)] * 2
     for method, req in bad:
         assert call(method, req) is None, f"{method}: a bad request succeeded"
+    try:
+        stub.FreeTensor(pb.FreeTensorRequest(handle="t-never-existed"), timeout=20)
+        raise AssertionError("freeing an unknown handle succeeded")
+    except grpc.RpcError as e:
+        seen["codes"][("FreeTensor", e.code().name)] += 1
     seen["bad"] = {k: v for k, v in seen["codes"].items() if k not in good}
     return seen
 
@@ -339,6 +360,8 @@ def test_payload_bytes_match_requests_and_responses(stack):
     for op in OPS:
         assert got[(op, "in")] == seen["bytes_in"][op] > 0, op
         assert got[(op, "out")] == seen["bytes_out"][op] > 0, op
+    assert got[("Upload", "in")] == seen["bytes_in"]["Upload"] > 0
+    assert got[("Download", "out")] == seen["bytes_out"]["Download"] > 0
 
 
 def test_backend_gauges_and_build_info_are_scraped(stack):
