@@ -7,6 +7,7 @@
 // backend, a module loaded with dlopen (server/backend_loader.h says why).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -59,6 +60,13 @@ struct OpTiming {
 };
 
 using OpDone = std::function<void(absl::Status, const OpTiming&)>;
+
+// The clock of `enqueued_ns` and of every host-side time in OpTiming.
+inline int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // A snapshot for gauges, cheap enough to take on every metrics scrape.
 struct BackendStats {

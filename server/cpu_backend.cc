@@ -15,12 +15,6 @@
 namespace fusebox {
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 absl::Status RunOnCpu(const OpCall& c) {
   switch (c.op) {
     case Op::kGelu: return cpu::Gelu(c.dtype, c.inputs[0], c.output, c.rows * c.cols);
@@ -44,9 +38,9 @@ class CpuBackend final : public Backend {
 
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
     Enqueue(enqueued_ns, std::move(done), [call](OpTiming* t) {
-      const int64_t start = NowNs();
+      const int64_t start = SteadyNowNs();
       absl::Status s = RunOnCpu(call);
-      t->kernel_us = (NowNs() - start) / 1e3;
+      t->kernel_us = (SteadyNowNs() - start) / 1e3;
       return s;
     });
   }
@@ -63,9 +57,9 @@ class CpuBackend final : public Backend {
   void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
                    OpDone done) override {
     Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
-      const int64_t start = NowNs();
+      const int64_t start = SteadyNowNs();
       std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
-      t->copy_in_us = (NowNs() - start) / 1e3;
+      t->copy_in_us = (SteadyNowNs() - start) / 1e3;
       return absl::OkStatus();
     });
   }
@@ -73,10 +67,10 @@ class CpuBackend final : public Backend {
   void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
                   OpDone done) override {
     Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
-      const int64_t start = NowNs();
+      const int64_t start = SteadyNowNs();
       std::memcpy(dst, static_cast<const uint8_t*>(src->data()) + offset,
                   bytes);
-      t->copy_out_us = (NowNs() - start) / 1e3;
+      t->copy_out_us = (SteadyNowNs() - start) / 1e3;
       return absl::OkStatus();
     });
   }
@@ -111,9 +105,9 @@ class CpuBackend final : public Backend {
     const bool queued = queue_.TryPush([enqueued_ns, shared_done, work](int worker) {
       OpTiming t;
       t.stream = worker;
-      t.queue_us = (NowNs() - enqueued_ns) / 1e3;
+      t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
       absl::Status s = work(&t);
-      t.total_us = (NowNs() - enqueued_ns) / 1e3;
+      t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
       (*shared_done)(std::move(s), t);
     });
     if (!queued) {

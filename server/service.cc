@@ -15,12 +15,6 @@
 namespace fusebox {
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 void FillTiming(const OpTiming& t, const Backend& backend, v1::Timing* out) {
   out->set_queue_us(t.queue_us);
   out->set_copy_in_us(t.copy_in_us);
@@ -38,7 +32,7 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out) {
   for (int64_t d : t.shape) out->add_shape(d);
   out->set_size_bytes(t.bytes);
   out->set_created_unix_ms(t.created_unix_ms);
-  const int64_t idle_ms = (NowNs() - t.last_used_ns.load()) / 1000000;
+  const int64_t idle_ms = (SteadyNowNs() - t.last_used_ns.load()) / 1000000;
   out->set_last_used_unix_ms(
       std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::system_clock::now().time_since_epoch())
@@ -98,7 +92,7 @@ template <typename Req>
 grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
                                                    const char* method, Op op, const Req& req,
                                                    v1::TensorRef* output, v1::Timing* timing) {
-  const int64_t arrived = NowNs();
+  const int64_t arrived = SteadyNowNs();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
@@ -143,7 +137,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   record.bytes_out = p->bytes_out;
   if (p->trivial && p->trivial_bytes.empty()) {
     OpTiming t;
-    t.total_us = (NowNs() - arrived) / 1e3;
+    t.total_us = (SteadyNowNs() - arrived) / 1e3;
     finish(record, absl::OkStatus(), t, p.get());
     return reactor;
   }
@@ -226,7 +220,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       return;
     }
     svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
-                                msg_.data().data(), static_cast<size_t>(n), NowNs(),
+                                msg_.data().data(), static_cast<size_t>(n), SteadyNowNs(),
                                 [this, n](absl::Status s, const OpTiming&) {
                                   if (!s.ok()) return Fail(s);
                                   written_ += n;
@@ -238,7 +232,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
  private:
   absl::Status Begin() {
-    started_ns_ = NowNs();
+    started_ns_ = SteadyNowNs();
     auto dtype = CheckedDType(msg_.dtype(), "upload");
     if (!dtype.ok()) return dtype.status();
     auto bytes = CheckedBytes(*dtype, msg_.shape(), "upload");
@@ -258,7 +252,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     }
     svc_->store_->Commit(tensor_);
     FillInfo(*tensor_, resp_->mutable_tensor());
-    const double secs = (NowNs() - started_ns_) / 1e9;
+    const double secs = (SteadyNowNs() - started_ns_) / 1e9;
     resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
     End(grpc::Status::OK);
   }
@@ -345,7 +339,7 @@ class KernelServiceImpl::DownloadReactor final
       return;
     }
     svc_->backend_->SubmitRead(tensor_->buffer.get(), static_cast<size_t>(sent_),
-                               msg_.mutable_data()->data(), static_cast<size_t>(n), NowNs(),
+                               msg_.mutable_data()->data(), static_cast<size_t>(n), SteadyNowNs(),
                                [this, n](absl::Status s, const OpTiming&) {
                                  if (!s.ok()) {
                                    End(ToGrpcStatus(s));

@@ -10,12 +10,6 @@
 namespace fusebox {
 namespace {
 
-int64_t SteadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 int64_t UnixMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -91,14 +85,14 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
   t->bytes = bytes;
   t->buffer = std::move(*buffer);
   t->created_unix_ms = UnixMs();
-  t->last_used_ns = SteadyNs();
+  t->last_used_ns = SteadyNowNs();
   t->reservation = std::move(reservation);
   return t;
 }
 
 void TensorStore::Commit(const std::shared_ptr<StoredTensor>& tensor) {
   tensor->handle = NewHandle();
-  tensor->last_used_ns = SteadyNs();
+  tensor->last_used_ns = SteadyNowNs();
   std::lock_guard<std::mutex> lock(mu_);
   by_handle_[tensor->handle] = tensor;
 }
@@ -113,7 +107,7 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Get(const std::string
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_handle_.find(handle);
   if (it == by_handle_.end() || it->second->tenant != tenant) return NotFound(handle);
-  it->second->last_used_ns = SteadyNs();
+  it->second->last_used_ns = SteadyNowNs();
   return it->second;
 }
 
@@ -140,7 +134,7 @@ std::vector<std::shared_ptr<StoredTensor>> TensorStore::List(const std::string& 
 
 int TensorStore::ExpireIdle() {
   if (limits_.idle_expiry_seconds <= 0) return 0;
-  const int64_t cutoff = SteadyNs() - static_cast<int64_t>(limits_.idle_expiry_seconds * 1e9);
+  const int64_t cutoff = SteadyNowNs() - static_cast<int64_t>(limits_.idle_expiry_seconds * 1e9);
   std::vector<std::shared_ptr<StoredTensor>> gone;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = by_handle_.begin(); it != by_handle_.end();) {

@@ -49,12 +49,6 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr int64_t kStatsRefreshNs = 100'000'000;
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 size_t RoundUp(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 // Errors after which the context is unusable: every later CUDA call fails.
@@ -291,7 +285,7 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
   const bool queued = queue_->TryPush([this, enqueued_ns, shared_done, work](int worker) {
     OpTiming t;
     t.stream = worker;
-    t.queue_us = (NowNs() - enqueued_ns) / 1e3;
+    t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
     absl::Status s;
     if (broken_.load()) {
       s = Broken();
@@ -300,7 +294,7 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
     } else {
       s = work(*workers_[worker], &t);
     }
-    t.total_us = (NowNs() - enqueued_ns) / 1e3;
+    t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
     (*shared_done)(std::move(s), t);
   });
   if (!queued) {
@@ -364,7 +358,7 @@ BackendStats CudaBackend::stats() const {
     s.workers = queue_->workers();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = NowNs();
+  const int64_t now = SteadyNowNs();
   if (!broken_.load() && now - mem_checked_ns_ > kStatsRefreshNs) {
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(options_.device) == cudaSuccess &&

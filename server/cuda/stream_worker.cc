@@ -2,23 +2,17 @@
 #include "server/cuda/stream_worker.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/backend.h"
 
 namespace fusebox::cuda_backend {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{4} << 20;
 constexpr int kMaxSlots = 16;
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -119,7 +113,7 @@ cudaError_t StreamWorker::CopyOut(const HostSpan& span, cudaEvent_t done_event, 
     // the events' span: time them on the host clock (first seen here, so up
     // to one chunk's memcpy may go uncounted).
     if (tail_start < 0 && issued == chunks && cudaEventQuery(done_event) == cudaSuccess) {
-      tail_start = NowNs();
+      tail_start = SteadyNowNs();
     }
     const size_t off = drained * slot_bytes_, n = std::min(slot_bytes_, span.bytes - off);
     std::memcpy(dst + off, pinned_out_ + slot * slot_bytes_, n);
@@ -127,9 +121,9 @@ cudaError_t StreamWorker::CopyOut(const HostSpan& span, cudaEvent_t done_event, 
     if ((e = issue()) != cudaSuccess) return e;
   }
   if (tail_start < 0) {  // cannot happen: the last drain waited for the last DMA
-    tail_start = NowNs();
+    tail_start = SteadyNowNs();
   }
-  *tail_ns = NowNs() - tail_start;
+  *tail_ns = SteadyNowNs() - tail_start;
   return cudaSuccess;
 }
 
