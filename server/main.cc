@@ -1,4 +1,8 @@
 // fusebox-server: flags -> ServerOptions -> RunServer. `--help` lists the flags.
+#include <malloc.h>
+
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <string>
 
@@ -46,6 +50,10 @@ ABSL_FLAG(int64_t, store_budget_mib, 0,
 ABSL_FLAG(int64_t, tenant_quota_mib, 0, "memory for held tensors per tenant; 0 = the budget");
 ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
           "largest tensor Upload accepts, MiB");
+ABSL_FLAG(int64_t, malloc_retain_mib, 1024,
+          "keep up to this much freed heap memory for reuse instead of returning it to the "
+          "OS, and serve large blocks from the heap: large requests then skip page faults "
+          "(bench/rpc/NOTES.md); 0 = glibc's defaults");
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 
@@ -86,6 +94,13 @@ int main(int argc, char** argv) {
   o.tenant_quota_bytes = absl::GetFlag(FLAGS_tenant_quota_mib) << 20;
   o.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_mib) << 20;
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
+
+  // Large request and response buffers come and go with every call; glibc
+  // would mmap each one fresh and fault it in page by page.
+  if (const int64_t keep = absl::GetFlag(FLAGS_malloc_retain_mib); keep > 0) {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(keep << 20, INT_MAX)));
+  }
 
   std::string bad;
   if (impl == "cublaslt") {
