@@ -14,7 +14,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFUSEBOX_TESTS=OFF -DFUSEBOX_CUDA=ON \
     && cmake --build build -j"$(nproc)" --target fusebox-server fusebox_cuda_backend fusebox \
-    && scripts/device_bundle.sh build/server/fusebox-server build/server/libfusebox_cuda_backend.so \
+    && BUNDLE_GZIP=0 scripts/device_bundle.sh build/server/fusebox-server build/server/libfusebox_cuda_backend.so \
        build/client/fusebox \
     && mkdir -p /opt/fusebox && cp -r .bundle/bin .bundle/lib /opt/fusebox/
 

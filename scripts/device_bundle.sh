@@ -21,9 +21,9 @@ for f in "$@"; do
   fi
 done
 # The device tool carries at most 64 MiB: past 48 MB ship the libraries gzipped
-# (OpenBLAS alone is 35 MB); run scripts then unpack them first:
+# (OpenBLAS alone is 35 MB; BUNDLE_GZIP=0 never packs); run scripts then unpack them first:
 #   [[ -f $B/lib.tgz ]] && tar -C $B -xzf $B/lib.tgz
-if (( $(du -sm "$out" | cut -f1) > 48 )); then
+if [[ ${BUNDLE_GZIP:-auto} != 0 ]] && (( $(du -sm "$out" | cut -f1) > 48 )); then
   tar -C "$out" -czf "$out/lib.tgz" lib && rm -rf "$out/lib"
 fi
 du -sh "$out" | awk '{print "bundle: " $1}'
