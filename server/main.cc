@@ -37,6 +37,9 @@ ABSL_FLAG(int64_t, queue_capacity, 1024,
           "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "largest request or response in bytes (gRPC allows at most 2^31-1)");
+ABSL_FLAG(double, shutdown_notice_s, kDefaults.shutdown_notice_seconds,
+          "on SIGTERM/SIGINT: seconds health reads NOT_SERVING while calls are still "
+          "served, before draining (let readiness probes move traffic away)");
 ABSL_FLAG(double, drain_seconds, kDefaults.drain_seconds,
           "on SIGTERM/SIGINT: seconds in-flight calls get to finish");
 ABSL_FLAG(std::string, metrics_address, "",
@@ -88,6 +91,7 @@ int main(int argc, char** argv) {
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  o.shutdown_notice_seconds = absl::GetFlag(FLAGS_shutdown_notice_s);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.token_file = absl::GetFlag(FLAGS_token_file);
   o.store_budget_bytes = absl::GetFlag(FLAGS_store_budget_mib) << 20;
@@ -113,7 +117,9 @@ int main(int argc, char** argv) {
   if (o.backend.cpu.workers < 1 || o.backend.cuda.streams < 1) bad = "--workers and --streams must be >= 1";
   if (o.backend.cpu.queue_capacity < 1) bad = "--queue_capacity must be >= 1";
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
-  if (o.drain_seconds < 0) bad = "--drain_seconds must be >= 0";
+  if (o.drain_seconds < 0 || o.shutdown_notice_seconds < 0) {
+    bad = "--drain_seconds and --shutdown_notice_s must be >= 0";
+  }
   if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0 ||
       o.idle_expiry_seconds < 0) {
     bad = "--store_budget_mib, --tenant_quota_mib, --max_tensor_mib and --idle_expiry_s must be >= 0";

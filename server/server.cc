@@ -151,7 +151,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   return std::unique_ptr<FuseboxServer>(new FuseboxServer(std::move(s)));
 }
 
-void FuseboxServer::Shutdown(double drain_seconds) {
+void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     if (s_->stopping) return;
@@ -160,6 +160,9 @@ void FuseboxServer::Shutdown(double drain_seconds) {
   s_->cv.notify_all();
   if (s_->sweeper.joinable()) s_->sweeper.join();
   s_->server->GetHealthCheckService()->SetServingStatus(false);
+  if (notice_seconds > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(notice_seconds * 1000)));
+  }
   const auto deadline = std::chrono::system_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
   s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
@@ -181,8 +184,9 @@ absl::Status RunServer(const ServerOptions& o) {
   sigaddset(&set, SIGINT);
   int sig = 0;
   sigwait(&set, &sig);
-  Log("%s: draining (up to %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.drain_seconds);
-  (*server)->Shutdown(o.drain_seconds);
+  Log("%s: NOT_SERVING; serving %.1f s more, then draining (up to %.0f s)",
+      sig == SIGTERM ? "SIGTERM" : "SIGINT", o.shutdown_notice_seconds, o.drain_seconds);
+  (*server)->Shutdown(o.drain_seconds, o.shutdown_notice_seconds);
   server->reset();
   Log("stopped");
   return absl::OkStatus();

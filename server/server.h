@@ -1,7 +1,10 @@
 // fusebox-server assembled from its options: backend, tensor store, auth,
 // metrics, gRPC (KernelService + health + reflection). RunServer serves until
-// SIGTERM/SIGINT: health goes NOT_SERVING, in-flight calls get `drain_seconds`
-// to finish, then the backend stops. Tests use FuseboxServer in-process.
+// SIGTERM/SIGINT: health goes NOT_SERVING while calls are still served for
+// `shutdown_notice_seconds` (so load balancers and readiness probes move
+// traffic away), then new calls are refused, in-flight calls get
+// `drain_seconds` to finish, and the backend stops. Tests use FuseboxServer
+// in-process.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +22,7 @@ struct ServerOptions {
   BackendChoice backend;                  // --backend and its pool sizes
   int cpu_threads = 0;                    // CPU kernels' threads; 0 = all cores
   int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
+  double shutdown_notice_seconds = 0;     // NOT_SERVING but still serving, at shutdown
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
   std::string metrics_address;            // host:port for /metrics; empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
@@ -38,9 +42,10 @@ class FuseboxServer {
   int port() const;
   const Backend& backend() const;
   TensorStore& store();
-  // Health NOT_SERVING, finish in-flight calls (cancelled after the grace),
-  // stop the backend. Idempotent.
-  void Shutdown(double drain_seconds);
+  // Health NOT_SERVING (calls still served for notice_seconds), then refuse
+  // new calls, finish in-flight ones (cancelled after drain_seconds), stop the
+  // backend. Idempotent.
+  void Shutdown(double drain_seconds, double notice_seconds = 0);
 
  private:
   struct State;

@@ -10,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "client/cpp/fusebox_client.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/server.h"
 #include "tests/reference.h"
@@ -403,6 +404,25 @@ TEST_F(ServiceTest, BadRequestsGetClearErrorsAndTheServerKeepsServing) {
   EXPECT_NEAR(out, 0.8411920f, 1e-6);
   EXPECT_EQ(resp.timing().backend(), "cpu");
   EXPECT_GT(resp.timing().total_us(), 0);
+}
+
+TEST_F(ServiceTest, ShutdownTurnsHealthNotServingWhileStillServingThenRefuses) {
+  StartServer({});
+  auto health = client::Client::Create("127.0.0.1:" + std::to_string(server_->port()));
+  ASSERT_EQ(*health->Health(), client::HealthStatus::kServing);
+  std::thread stopper([this] { server_->Shutdown(/*drain_seconds=*/5, /*notice_seconds=*/1.5); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  auto during = health->Health();
+  ASSERT_TRUE(during.ok()) << during.status();
+  EXPECT_EQ(*during, client::HealthStatus::kNotServing);
+  v1::GeluRequest req;
+  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  req.mutable_input()->mutable_tensor()->add_shape(1);
+  req.mutable_input()->mutable_tensor()->set_data(std::string(4, '\0'));
+  v1::GeluResponse resp;
+  EXPECT_TRUE(stub_->Gelu(Ctx().get(), req, &resp).ok());  // still served during the notice
+  stopper.join();
+  EXPECT_FALSE(stub_->Gelu(Ctx().get(), req, &resp).ok());  // and refused after
 }
 
 }  // namespace
