@@ -54,8 +54,11 @@ struct OpCall {
 };
 
 // Where one call's time went, in microseconds (see fusebox.v1.Timing).
+// launch_us: between the end of the copy-in and the kernel's start (the host's
+// launch work and the GPU waking on an idle stream); 0 on the CPU backend.
 struct OpTiming {
   double queue_us = 0, copy_in_us = 0, kernel_us = 0, copy_out_us = 0, total_us = 0;
+  double launch_us = 0;
   int stream = -1;
 };
 
