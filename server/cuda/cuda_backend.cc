@@ -518,17 +518,24 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   cudaError_t e = cudaEventRecord(w.ev_start(), st);
   if (e == cudaSuccess) e = w.CopyIn(spans, nspans);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), st);
-  if (e != cudaSuccess) {
-    status = Fail(e, "copy to the GPU", &w);
-  } else if (status = Launch(w, c, dev_in, dev_out); status.ok()) {
-    e = cudaEventRecord(w.ev_kernel(), st);
+  // `go`, the kernel and `kernel` are enqueued behind the gate, then released
+  // together (stream_worker.h says why).
+  if (e == cudaSuccess && (e = w.HoldKernelGate()) == cudaSuccess) {
+    e = cudaEventRecord(w.ev_go(), st);
     if (e == cudaSuccess) {
-      if (c.output_resident || sizes->out == 0) {
-        e = cudaEventRecord(w.ev_out(), st);
-        if (e == cudaSuccess) e = cudaEventSynchronize(w.ev_out());
-      } else {
-        e = w.CopyOut(HostSpan{c.output, dev_out, sizes->out}, w.ev_out(), &tail_ns);
-      }
+      status = Launch(w, c, dev_in, dev_out);
+      if (status.ok()) e = cudaEventRecord(w.ev_kernel(), st);
+    }
+    w.ReleaseKernelGate();
+  }
+  if (e != cudaSuccess) {
+    status = Fail(e, "copy to the GPU or kernel launch", &w);
+  } else if (status.ok()) {
+    if (c.output_resident || sizes->out == 0) {
+      e = cudaEventRecord(w.ev_out(), st);
+      if (e == cudaSuccess) e = cudaEventSynchronize(w.ev_out());
+    } else {
+      e = w.CopyOut(HostSpan{c.output, dev_out, sizes->out}, w.ev_out(), &tail_ns);
     }
     if (e != cudaSuccess) status = Fail(e, "kernel or copy from the GPU", &w);
   }
@@ -541,7 +548,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   }
   if (!status.ok()) return status;
   t->copy_in_us = 1e3 * Elapsed(w.ev_start(), w.ev_in());
-  t->kernel_us = 1e3 * Elapsed(w.ev_in(), w.ev_kernel());
+  t->launch_us = 1e3 * Elapsed(w.ev_in(), w.ev_go());
+  t->kernel_us = 1e3 * Elapsed(w.ev_go(), w.ev_kernel());
   t->copy_out_us = 1e3 * Elapsed(w.ev_kernel(), w.ev_out()) + tail_ns / 1e3;
   return absl::OkStatus();
 }

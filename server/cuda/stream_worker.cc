@@ -7,12 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/backend.h"
+#include "server/cuda/stream_gate.h"
 
 namespace fusebox::cuda_backend {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{4} << 20;
 constexpr int kMaxSlots = 16;
+constexpr uint64_t kGateTimeoutNs = 1000000;  // 1 ms
 
 }  // namespace
 
@@ -35,6 +37,21 @@ absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
   for (auto& ev : w->ev_) {
     if ((e = cudaEventCreate(&ev)) != cudaSuccess) return fail(e, "cudaEventCreate");
   }
+  if ((e = cudaHostAlloc(reinterpret_cast<void**>(&w->gate_), sizeof(uint32_t), cudaHostAllocMapped)) !=
+      cudaSuccess) {
+    return fail(e, "cudaHostAlloc (gate)");
+  }
+  *w->gate_ = 0;
+  void* gate_dev = nullptr;
+  if ((e = cudaHostGetDevicePointer(&gate_dev, w->gate_, 0)) != cudaSuccess) {
+    return fail(e, "cudaHostGetDevicePointer (gate)");
+  }
+  w->gate_dev_ = static_cast<const uint32_t*>(gate_dev);
+  // One pass through the gate now loads its kernel (lazy module loading would
+  // otherwise do it on the first call, inside the launch phase).
+  if ((e = w->HoldKernelGate()) != cudaSuccess) return fail(e, "kernel gate");
+  w->ReleaseKernelGate();
+  if ((e = cudaStreamSynchronize(w->stream_)) != cudaSuccess) return fail(e, "kernel gate");
   w->in_slot_ev_.assign(w->slots_, nullptr);
   w->out_slot_ev_.assign(w->slots_, nullptr);
   for (int i = 0; i < w->slots_; ++i) {
@@ -55,10 +72,17 @@ StreamWorker::~StreamWorker() {
   for (cudaEvent_t ev : in_slot_ev_) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : out_slot_ev_) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : ev_) if (ev) cudaEventDestroy(ev);
+  if (gate_) cudaFreeHost(gate_);
   if (pinned_in_) cudaFreeHost(pinned_in_);
   if (pinned_out_) cudaFreeHost(pinned_out_);
   if (stream_) cudaStreamDestroy(stream_);
 }
+
+cudaError_t StreamWorker::HoldKernelGate() {
+  return LaunchStreamGate(gate_dev_, ++gate_seq_, kGateTimeoutNs, stream_);
+}
+
+void StreamWorker::ReleaseKernelGate() { __atomic_store_n(gate_, gate_seq_, __ATOMIC_RELEASE); }
 
 cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
   int slot = 0;

@@ -11,7 +11,8 @@
 // (55 GB/s), instead of memcpy + DMA back to back.
 //
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
-// one stream, 2 x slots + 4 events, one 32 MiB cuBLASLt workspace.
+// one stream, 2 x slots + 5 events, one mapped pinned word (the kernel gate),
+// one 32 MiB cuBLASLt workspace.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,11 +48,26 @@ class StreamWorker {
   cuda::CublasLtMatmul& cublaslt() { return *lt_; }
 
   // Events bracketing the phases of one call, recorded on stream():
-  // start -> (copy in) -> in -> (kernel) -> kernel -> (copy out) -> out.
+  // start -> (copy in) -> in -> (gate: launch) -> go -> (kernel) -> kernel ->
+  // (copy out) -> out.
   cudaEvent_t ev_start() const { return ev_[0]; }
   cudaEvent_t ev_in() const { return ev_[1]; }
+  cudaEvent_t ev_go() const { return ev_[4]; }
   cudaEvent_t ev_kernel() const { return ev_[2]; }
   cudaEvent_t ev_out() const { return ev_[3]; }
+
+  // The kernel gate. On an idle stream a kernel starts 7-40 us after the
+  // event before it (the host's launch work, the GPU waking: measured by
+  // bench/e2e/launch_gap_probe), which a benchmark's back-to-back launches
+  // never see. HoldKernelGate() enqueues a 1-thread kernel that holds the
+  // stream until ReleaseKernelGate() stores to a mapped pinned word, so that
+  // `go`, the kernel and `kernel` are all enqueued before the GPU reaches
+  // them and kernel time is the kernel's alone. The gate gives up after 1 ms
+  // (a lazy module load that waits for the stream, a descheduled host thread):
+  // a late release costs time, never a hang. Call ReleaseKernelGate() after
+  // every successful HoldKernelGate(), whatever happened in between.
+  cudaError_t HoldKernelGate();
+  void ReleaseKernelGate();
 
   // Host -> device for every span, through the staging ring. Returns once the
   // last chunk is enqueued (its source bytes are already in pinned memory, so
@@ -73,7 +89,10 @@ class StreamWorker {
   size_t slot_bytes_ = 0;
   int slots_ = 0;
   std::vector<cudaEvent_t> in_slot_ev_, out_slot_ev_;  // per slot: its DMA has finished
-  cudaEvent_t ev_[4] = {nullptr, nullptr, nullptr, nullptr};
+  cudaEvent_t ev_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
+  uint32_t* gate_ = nullptr;             // mapped pinned word (host address)
+  const uint32_t* gate_dev_ = nullptr;   // its device address
+  uint32_t gate_seq_ = 0;
   std::unique_ptr<cuda::CublasLtMatmul> lt_;
 };
 

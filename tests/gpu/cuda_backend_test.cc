@@ -162,14 +162,17 @@ double Tol(Op op, DType dt) {
 void ExpectTimingSane(const OpTiming& t) {
   EXPECT_GE(t.queue_us, 0);
   EXPECT_GE(t.copy_in_us, 0);
+  EXPECT_GE(t.launch_us, 0);
+  EXPECT_LT(t.launch_us, 2000) << "the kernel gate gives up after 1 ms";
   EXPECT_GT(t.kernel_us, 0);
   EXPECT_GE(t.copy_out_us, 0);
   EXPECT_GE(t.stream, 0);
   // The phases happen inside the call's lifetime (events and the host clock
   // differ by a few microseconds at most).
-  EXPECT_LE(t.queue_us + t.copy_in_us + t.kernel_us + t.copy_out_us, t.total_us * 1.02 + 20)
-      << "queue " << t.queue_us << " in " << t.copy_in_us << " kernel " << t.kernel_us << " out "
-      << t.copy_out_us << " total " << t.total_us;
+  EXPECT_LE(t.queue_us + t.copy_in_us + t.launch_us + t.kernel_us + t.copy_out_us,
+            t.total_us * 1.02 + 20)
+      << "queue " << t.queue_us << " in " << t.copy_in_us << " launch " << t.launch_us << " kernel "
+      << t.kernel_us << " out " << t.copy_out_us << " total " << t.total_us;
 }
 
 TEST_F(CudaBackendTest, NameDeviceAndStats) {
