@@ -11,7 +11,8 @@
 //  - long rows (one-shot kernel, the default): a thread-block cluster of C blocks per row (C = 1 is
 //    a plain block per row). Each block holds its chunk in registers (up to 512 threads x 8
 //    accesses = 64 KiB), then in shared memory (up to 224 KiB, filled by the bulk-copy engine,
-//    cp.async.bulk, completing on an mbarrier), and streams any remainder twice. Each thread
+//    cp.async.bulk, in 32 KiB pieces with one mbarrier each, so each piece is reduced as soon as
+//    it lands), and streams any remainder twice. Each thread
 //    reduces its values to a (max, sum of e^(x-max)) pair, the block combines pairs, the cluster
 //    combines the blocks' pairs through distributed shared memory (one cluster barrier), then
 //    every block writes its chunk: e^(x - max) / sum. C is the smallest power of two whose blocks
@@ -148,7 +149,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
   __shared__ MaxSum block_result, cluster_result;
-  __shared__ __align__(8) uint64_t bar;
+  __shared__ __align__(8) uint64_t bars[kBigSmemBytes / kBulkPiece];  // one per bulk-copy piece
 
   const int rank = csize > 1 ? static_cast<int>(ClusterRank()) : 0;
   const int64_t row = blockIdx.x / csize;
@@ -171,16 +172,17 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   }
   if constexpr (Pack<T, W>::kVec) {
     if (nsm > 0 && t == 0) {
-      MbarInit(&bar, 1);
       const uint32_t bytes = static_cast<uint32_t>(nsm) * 16u;
-      MbarArriveExpectTx(&bar, bytes);
       const char* g = reinterpret_cast<const char*>(src + nreg);
       char* d = reinterpret_cast<char*>(row_smem);
-      for (uint32_t off = 0; off < bytes; off += kBulkPiece) {
-        BulkLoad(d + off, g + off, min(kBulkPiece, bytes - off), &bar);
+      for (uint32_t off = 0, piece = 0; off < bytes; off += kBulkPiece, ++piece) {
+        const uint32_t b = min(kBulkPiece, bytes - off);
+        MbarInit(&bars[piece], 1);
+        MbarArriveExpectTx(&bars[piece], b);
+        BulkLoad(d + off, g + off, b, &bars[piece]);
       }
     }
-    __syncthreads();  // the mbarrier is initialised before anyone waits on it
+    __syncthreads();  // the mbarriers are initialised before anyone waits on them
   }
   MaxSum st{-INFINITY, 0.f};
   {
@@ -195,15 +197,12 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
   }
 
-  // 2. This thread's (max, sum) over everything it holds.
+  // 2. This thread's (max, sum) over everything it holds: the registers, then each shared-memory
+  // piece as soon as it lands, so the exp work runs under the remaining loads.
   float m = st.m;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     if (t + j * nt < nreg) AccumulateMax<T, W>(v[j], m);
-  }
-  if constexpr (Pack<T, W>::kVec) {
-    if (nsm > 0) MbarWait(&bar, 0);
-    for (int a = t; a < nsm; a += nt) AccumulateMax<T, W>(sm[a], m);
   }
   float s = Rescale(st.s, st.m, m);
 #pragma unroll
@@ -211,7 +210,16 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], m, s);
   }
   if constexpr (Pack<T, W>::kVec) {
-    for (int a = t; a < nsm; a += nt) AccumulateSum<T, W>(sm[a], m, s);
+    constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
+    for (int p0 = 0, piece = 0; p0 < nsm; p0 += kPiece, ++piece) {
+      const int p1 = min(nsm, p0 + kPiece);
+      MbarWait(&bars[piece], 0);
+      float pm = m;
+      for (int a = p0 + t; a < p1; a += nt) AccumulateMax<T, W>(sm[a], pm);
+      s = Rescale(s, m, pm);
+      m = pm;
+      for (int a = p0 + t; a < p1; a += nt) AccumulateSum<T, W>(sm[a], m, s);
+    }
   }
 
   // 3. Block, then cluster.
