@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""What a user would run instead of fusebox's memory-bound kernels, timed like ours.
+"""Times fusebox's memory-bound kernels and what a user would run instead, in one process.
 
-Times, on the issue-3 shapes and float32 / bfloat16: PyTorch eager
-(F.gelu(approximate='tanh'), torch.softmax, torch.sum(dim=-1, dtype=float32)), torch.compile of
-the same function (default mode, static shapes, one compiled function per shape), and a plain
+On the issue-3 shapes and float32 / bfloat16: "ours" (the automatic choice the server launches,
+called through libfusebox_memory_bound_capi.so with ctypes on torch's current stream), PyTorch
+eager (F.gelu(approximate='tanh'), torch.softmax, torch.sum(dim=-1, dtype=float32)), torch.compile
+of the same function (default mode, static shapes, one compiled function per shape), and a plain
 Triton kernel per op (written the way the Triton tutorials do, not tuned per shape). Also the
 bandwidth ceilings: a 1 GiB device copy (bytes read + written) and a 1 GiB torch.sum (read-only).
 
-Method, identical to memory_bound_bench.cc: before every timed call the L2 is flushed by reading a
-256 MiB buffer; the call is bracketed by CUDA events; 3 warm-ups; median of --reps (30).
-Bytes: inputs read once + outputs written once. Cost: about a minute of compiling on the device.
+Per op / dtype / shape the inputs are made once; ours is first checked against torch eager on
+them (a disagreement is printed and written into the record's "error": it never counts as a
+pass); then every impl gets 3 warm-ups and the timed calls are interleaved: for each of --reps
+(30) rounds, each impl in a rotating order: L2 flushed by reading 256 MiB, CUDA event, the call,
+CUDA event. Median (and min / max) per impl. Interleaving puts ours and the peers under the same
+clocks and temperature; two processes drifted 5-15% apart. Bytes: inputs read once + outputs
+written once. Without the library (--capi, else next to this script or in ../lib) the peers are
+timed alone and the verdict falls back to memory_bound_bench.cc's numbers.
+Cost: about a minute of compiling on the device.
 
-usage: memory_bound_peers.py --json PATH [--reps N] [--quick]
+usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
 """
 import argparse
+import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -27,6 +36,9 @@ import triton.language as tl
 SHAPES = [(262144, 128), (65536, 1024), (8192, 8192), (2048, 32768), (128, 1048576)]
 GELU_N = 1 << 28
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}  # fusebox::DType
+OP_CODES = {"gelu": 0, "softmax": 1, "rowsum": 2}  # memory_bound_capi.cc
+CAPI_NAME = "libfusebox_memory_bound_capi.so"
 
 # ----------------------------------------------------------------------------- Triton kernels
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -117,57 +129,138 @@ def triton_rowsum(x, out):
     return out
 
 
+# ----------------------------------------------------------------------------- ours (ctypes)
+class Ours:
+    """Our plain launchers through the capi library, on torch's current stream."""
+
+    def __init__(self, path):
+        lib = ctypes.CDLL(path)
+        self.fn = lib.fusebox_bench_memory_bound
+        self.fn.restype = ctypes.c_int
+        self.fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+        self.describe_fn = lib.fusebox_bench_memory_bound_describe
+        self.describe_fn.restype = None
+        self.describe_fn.argtypes = self.fn.argtypes[:7] + [ctypes.c_char_p, ctypes.c_int]
+        self.error_name = lib.fusebox_bench_cuda_error_name
+        self.error_name.restype = ctypes.c_char_p
+        self.error_name.argtypes = [ctypes.c_int]
+
+    def _args(self, op, x, out):
+        rows, cols = (1, x.numel()) if op == "gelu" else x.shape
+        return [OP_CODES[op], DTYPE_CODES[x.dtype], x.data_ptr(), out.data_ptr(), rows, cols, None]
+
+    def launcher(self, op, x, out):
+        """A no-argument call of ours on x into out; raises on a launch error."""
+        args = self._args(op, x, out) + [torch.cuda.current_stream().cuda_stream]
+
+        def run():
+            rc = self.fn(*args)
+            if rc != 0:
+                raise RuntimeError(f"fusebox_bench_memory_bound({op}): {self.error_name(rc).decode()} ({rc})")
+        return run
+
+    def describe(self, op, x, out):
+        buf = ctypes.create_string_buffer(128)
+        self.describe_fn(*self._args(op, x, out), buf, len(buf))
+        return buf.value.decode()
+
+
+def load_ours(path):
+    """Ours, or None (said on stdout) when the library is not found or does not load."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    tried = [path] if path else [os.path.join(here, CAPI_NAME), os.path.join(here, "..", "lib", CAPI_NAME)]
+    for p in tried:
+        if os.path.exists(p):
+            try:
+                ours = Ours(os.path.abspath(p))
+                print(f"ours: {os.path.abspath(p)} (timed in this process, interleaved with the peers)", flush=True)
+                return ours
+            except OSError as e:
+                print(f"NOTE: {p} did not load ({e})", flush=True)
+    print(f"NOTE: no usable {CAPI_NAME} (tried {', '.join(tried)}): timing the peers only; the verdict "
+          "will use memory_bound_bench.cc's numbers for ours (another process)", flush=True)
+    return None
+
+
 # ----------------------------------------------------------------------------- timing
 class Timer:
     def __init__(self, reps):
         self.reps = reps
         self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
 
-    def time(self, fn):
-        for _ in range(3):
-            self.flush.sum()
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(self.reps)]
-        for i in range(self.reps):
-            self.flush.sum()  # 256 MiB read: L2 holds only clean, unrelated lines afterwards
-            starts[i].record()
-            fn()
-            stops[i].record()
+    def time(self, impls):
+        """impls: [(name, fn)]. 3 warm-ups each, then --reps rounds with every impl once per round,
+        starting one later each round; L2 flushed before each call. Returns {name: (median, min, max)
+        in ms, or the exception that the impl raised}."""
+        out, live = {}, []
+        for name, fn in impls:
+            try:
+                for _ in range(3):
+                    self.flush.sum()
+                    fn()
+                torch.cuda.synchronize()
+                live.append((name, fn))
+            except Exception as e:  # a peer that fails is reported, not fatal
+                out[name] = e
+        times = {name: [] for name, _ in live}
+        for rep in range(self.reps):
+            k = rep % max(1, len(live))
+            for name, fn in live[k:] + live[:k]:
+                if name in out:
+                    continue
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self.flush.sum()  # 256 MiB read: L2 holds only clean, unrelated lines afterwards
+                try:
+                    a.record()
+                    fn()
+                    b.record()
+                except Exception as e:
+                    out[name] = e
+                    continue
+                times[name].append((a, b))
         torch.cuda.synchronize()
-        t = sorted(a.elapsed_time(b) for a, b in zip(starts, stops))
-        return statistics.median(t), t[0], t[-1]
+        for name, ev in times.items():
+            if name not in out:
+                t = sorted(a.elapsed_time(b) for a, b in ev)
+                out[name] = (statistics.median(t), t[0], t[-1])
+        return out
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--quick", action="store_true", help="eager and Triton only (no torch.compile)")
+    ap.add_argument("--quick", action="store_true", help="ours, eager and Triton only (no torch.compile)")
+    ap.add_argument("--capi", help=f"path of {CAPI_NAME} (default: next to this script, then ../lib)")
     args = ap.parse_args()
+    torch.ones(1, device="cuda").sum()  # CUDA up in torch first; our library then shares its context
+    ours = load_ours(args.capi)
     timer = Timer(args.reps)
     recs = []
     t0 = time.time()
 
-    def emit(op, dtype, rows, cols, impl, nbytes, fn):
-        try:
-            ms, lo, hi = timer.time(fn)
-            err = ""
-        except Exception as e:  # a peer that fails is reported, not fatal
-            ms = lo = hi = 0.0
-            err = f"{type(e).__name__}: {e}"[:200]
+    def emit(op, dtype, rows, cols, impl, nbytes, res, desc="", err=""):
+        ms = lo = hi = 0.0
+        if isinstance(res, Exception):
+            why = f"{type(res).__name__}: {res}"[:200]
+            err = err if why in err else "; ".join(filter(None, [err, why]))
+        else:
+            ms, lo, hi = res
         gbps = nbytes / (ms * 1e6) if ms > 0 else 0.0
-        recs.append(dict(op=op, dtype=dtype, rows=rows, cols=cols, impl=impl, desc="", bytes=nbytes, ms=ms,
+        recs.append(dict(op=op, dtype=dtype, rows=rows, cols=cols, impl=impl, desc=desc, bytes=nbytes, ms=ms,
                          ms_min=lo, ms_max=hi, gbps=gbps, error=err))
         print(f"{op:8s} {dtype:9s} {rows:7d}x{cols:<8d} {impl:14s} {ms:9.4f} ms {gbps:8.1f} GB/s "
               f"[{time.time() - t0:5.0f}s] {err}", flush=True)
+        return gbps
 
     # Ceilings.
     a = torch.empty(1 << 28, dtype=torch.float32, device="cuda").uniform_(-1, 1)
     b = torch.empty_like(a)
-    emit("ceiling_copy", "bytes", 1, a.numel() * 4, "torch_copy", 2.0 * a.numel() * 4, lambda: b.copy_(a))
-    emit("ceiling_read", "bytes", 1, a.numel() * 4, "torch_sum", 1.0 * a.numel() * 4, lambda: a.sum())
-    emit("ceiling_write", "bytes", 1, a.numel() * 4, "torch_fill", 1.0 * a.numel() * 4, lambda: b.fill_(1.0))
+    for op, impl, nb, fn in [("ceiling_copy", "torch_copy", 2.0 * a.numel() * 4, lambda: b.copy_(a)),
+                             ("ceiling_read", "torch_sum", 1.0 * a.numel() * 4, lambda: a.sum()),
+                             ("ceiling_write", "torch_fill", 1.0 * a.numel() * 4, lambda: b.fill_(1.0))]:
+        emit(op, "bytes", 1, a.numel() * 4, impl, nb, timer.time([(impl, fn)])[impl])
     del a, b
 
     # Correctness of the Triton peers (a wrong fast peer would make our ratios look worse, a wrong
@@ -192,6 +285,47 @@ def main():
                             xs.float().sum(-1), 1e-2, 1e-3)
     print(f"triton peers agree with eager: {all_ok}", flush=True)
 
+    def check_ours(op, x, out, run):
+        """Ours on the benchmark tensors vs torch eager (tolerances as above, scaled with the row
+        length: softmax values are ~1/cols, fp32 rounding of a sum grows ~sqrt(cols)). Returns ""
+        or the error, printed loudly."""
+        tol = 1e-4 if x.dtype == torch.float32 else 2e-2
+        try:
+            out.fill_(float("nan"))  # a launch that writes nothing cannot pass on stale data
+            run()
+            if op == "gelu":
+                want, atol, rtol = F.gelu(x.float(), approximate="tanh"), tol, tol
+            elif op == "softmax":
+                want, atol, rtol = torch.softmax(x.float(), -1), tol / x.shape[-1], tol
+            else:
+                want = torch.sum(x, -1, dtype=torch.float32)
+                atol, rtol = 1e-2 * max(1, x.shape[-1] / 1024) ** 0.5, 1e-3
+            if torch.allclose(out.float(), want, atol=atol, rtol=rtol):
+                return ""
+            err = f"WRONG: ours disagrees with torch eager, max abs diff {(out.float() - want).abs().max().item():.3g}"
+        except Exception as e:
+            err = f"WRONG: ours failed: {type(e).__name__}: {e}"[:200]
+        print(f"!!!!!!!! {op} {list(x.shape)} {x.dtype}: {err}", flush=True)
+        return err
+
+    def case(op, dname, rows, cols, nbytes, x, out, peers):
+        """Checks ours on x (output into out), then times ours and the peers interleaved."""
+        impls, err, desc = list(peers), "", ""
+        if ours is not None:
+            run = ours.launcher(op, x, out)
+            err, desc = check_ours(op, x, out, run), ours.describe(op, x, out)
+            impls.insert(0, ("ours", run))
+        res = timer.time(impls)
+        gbps = {}
+        for name, _ in impls:
+            mine = name == "ours"
+            gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], desc if mine else "",
+                              err if mine else "")
+        best = max((n for n in gbps if n != "ours"), key=gbps.get, default=None)
+        if ours is not None and best and gbps[best] > 0:
+            print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){' WRONG' if err else ''}",
+                  flush=True)
+
     def compiled(f):
         return torch.compile(f, dynamic=False)
 
@@ -199,35 +333,38 @@ def main():
         es = torch.finfo(dt).bits // 8
         x = torch.empty(GELU_N, device="cuda", dtype=dt).uniform_(-4, 4)
         y = torch.empty_like(x)
-        nb = 2.0 * GELU_N * es
-        emit("gelu", dname, 1, GELU_N, "torch_eager", nb, lambda: F.gelu(x, approximate="tanh"))
+        peers = [("torch_eager", lambda: F.gelu(x, approximate="tanh"))]
         if not args.quick:
             g = compiled(lambda t: F.gelu(t, approximate="tanh"))
-            emit("gelu", dname, 1, GELU_N, "torch_compile", nb, lambda: g(x))
-        emit("gelu", dname, 1, GELU_N, "triton", nb, lambda: triton_gelu(x, y))
+            peers.append(("torch_compile", lambda: g(x)))
+        peers.append(("triton", lambda: triton_gelu(x, y)))
+        case("gelu", dname, 1, GELU_N, 2.0 * GELU_N * es, x, y, peers)
         del x, y
         for rows, cols in SHAPES:
             x = torch.empty(rows, cols, device="cuda", dtype=dt).uniform_(-4, 4)
             y = torch.empty_like(x)
             ys = torch.empty(rows, device="cuda", dtype=torch.float32)
-            nb = 2.0 * rows * cols * es
-            emit("softmax", dname, rows, cols, "torch_eager", nb, lambda: torch.softmax(x, dim=-1))
+            peers = [("torch_eager", lambda: torch.softmax(x, dim=-1))]
             if not args.quick:
                 f = compiled(lambda t: torch.softmax(t, dim=-1))
-                emit("softmax", dname, rows, cols, "torch_compile", nb, lambda: f(x))
-            emit("softmax", dname, rows, cols, "triton", nb, lambda: triton_softmax(x, y))
-            nb = 1.0 * rows * cols * es + 4.0 * rows
-            emit("rowsum", dname, rows, cols, "torch_eager", nb, lambda: torch.sum(x, dim=-1, dtype=torch.float32))
+                peers.append(("torch_compile", lambda: f(x)))
+            peers.append(("triton", lambda: triton_softmax(x, y)))
+            case("softmax", dname, rows, cols, 2.0 * rows * cols * es, x, y, peers)
+            peers = [("torch_eager", lambda: torch.sum(x, dim=-1, dtype=torch.float32))]
             if not args.quick:
                 f2 = compiled(lambda t: torch.sum(t, dim=-1, dtype=torch.float32))
-                emit("rowsum", dname, rows, cols, "torch_compile", nb, lambda: f2(x))
-            emit("rowsum", dname, rows, cols, "triton", nb, lambda: triton_rowsum(x, ys))
+                peers.append(("torch_compile", lambda: f2(x)))
+            peers.append(("triton", lambda: triton_rowsum(x, ys)))
+            case("rowsum", dname, rows, cols, 1.0 * rows * cols * es + 4.0 * rows, x, ys, peers)
             del x, y, ys
+    method = "L2 flushed by a 256 MiB read before each call; CUDA events; median"
+    if ours is not None:
+        method += "; ours and the peers interleaved in this process, rotating order"
+    wrong = sum(1 for r in recs if r["impl"] == "ours" and r["error"])
     with open(args.json, "w") as fh:
         json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       method="L2 flushed by a 256 MiB read before each call; CUDA events; median",
-                       records=recs), fh, indent=1)
-    print(f"peers done in {time.time() - t0:.0f}s", flush=True)
+                       method=method, ours_in_process=ours is not None, records=recs), fh, indent=1)
+    print(f"peers done in {time.time() - t0:.0f}s" + (f"; OURS WRONG on {wrong} cases" if wrong else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
 #   test      the GPU kernel tests (tests/gpu), all of them                      ~1 min
 #   sanitize  compute-sanitizer memcheck over the tests (largest shapes and the >2^31-element
 #             tests left out), racecheck and synccheck over the softmax / row-sum paths   ~2 min
-#   bench     memory-bound benchmark (ours + forced variants), the peers (torch eager,
-#             torch.compile, Triton) and the ceilings, then the verdict table          ~2-3 min
+#   bench     memory-bound benchmark (C++: ours + forced variants), then memory_bound_peers.py:
+#             ours (libfusebox_memory_bound_capi.so via ctypes, checked against torch eager) and
+#             the peers (torch eager, torch.compile, Triton) timed interleaved in one process,
+#             and the ceilings; then the verdict table (from the in-process numbers)     ~2-3 min
 #   quick     bench without torch.compile and without our variants                  ~1 min
 # Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
 # under $OUT; prints the verdict table last.
@@ -14,6 +16,7 @@ set -u -o pipefail
 B=${BUNDLE:-.bundle}
 OUT=${OUT:-/tmp/fusebox-out}
 mkdir -p "$OUT"
+[[ -f $B/lib.tgz && ! -d $B/lib ]] && tar -C "$B" -xzf "$B/lib.tgz"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 steps=${*:-test sanitize bench}
@@ -55,7 +58,8 @@ for step in $steps; do
     "$B/bin/fusebox_gpu_bench_memory_bound" --json "$OUT/ours.json" "${extra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 8
     pextra=()
     [[ $step == quick ]] && pextra=(--quick)
-    python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peers.json" "${pextra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 4
+    python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peers.json" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
+      "${pextra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 4
     python3 "$B/bin/memory_bound_report.py" "$OUT/ours.json" "$OUT/peers.json" --md "$OUT/report.md" \
       --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" || status=1
     ;;

@@ -1,0 +1,83 @@
+// A C entry point to our memory-bound launchers (kernels/cuda/launch.h) for memory_bound_peers.py
+// (ctypes), so that our kernels and the torch / torch.compile / Triton peers are timed by one
+// harness, on the same tensors, interleaved in one process: no clock, thermal or ordering drift
+// between two programs. Benchmark-only; the server never loads this.
+//
+// op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
+// dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
+// choice: nullptr = the plain launcher (the automatic choice the server uses); else 8 ints in
+//   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
+//   long_rows, pipeline, streaming (0 = automatic), as memory_bound_variants.h forces them.
+// stream: a cudaStream_t (torch.cuda.current_stream().cuda_stream).
+// Returns the launch's cudaError_t (0 = success; an unknown op or dtype gives cudaErrorInvalidValue).
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/launch.h"
+#include "kernels/dtype.h"
+
+namespace {
+using fusebox::DType;
+namespace fc = fusebox::cuda;
+
+bool ValidDType(int d) { return d >= 1 && d <= 3; }
+
+fc::KernelChoice ToChoice(const int32_t* c) {
+  fc::KernelChoice k;
+  if (c != nullptr) {
+    k.threads_per_row = c[0];
+    k.vectors_per_thread = c[1];
+    k.cluster = c[2];
+    k.threads = c[3];
+    k.smem_bytes = c[4];
+    k.long_rows = c[5];
+    k.pipeline = c[6];
+    k.streaming = c[7];
+  }
+  return k;
+}
+}  // namespace
+
+#define FUSEBOX_CAPI extern "C" __attribute__((visibility("default")))
+
+FUSEBOX_CAPI int fusebox_bench_memory_bound(int op, int dtype, const void* in, void* out, int64_t rows,
+                                            int64_t cols, const int32_t* choice, void* stream) {
+  if (!ValidDType(dtype)) return cudaErrorInvalidValue;
+  const auto dt = static_cast<DType>(dtype);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto* sums = static_cast<float*>(out);
+  if (choice == nullptr) {
+    switch (op) {
+      case 0: return fc::LaunchGelu(dt, in, out, rows * cols, s);
+      case 1: return fc::LaunchSoftmax(dt, in, out, rows, cols, s);
+      case 2: return fc::LaunchRowSum(dt, in, sums, rows, cols, s);
+      default: return cudaErrorInvalidValue;
+    }
+  }
+  const fc::KernelChoice k = ToChoice(choice);
+  switch (op) {
+    case 0: return fc::LaunchGeluWith(k, dt, in, out, rows * cols, s);
+    case 1: return fc::LaunchSoftmaxWith(k, dt, in, out, rows, cols, s);
+    case 2: return fc::LaunchRowSumWith(k, dt, in, sums, rows, cols, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// What the launch above would run, e.g. "softmax/cluster vec c=16 t=512 v=4 smem=229376" (the
+// C++ bench's "desc"); GeLU has no description (empty string). Writes at most len bytes.
+FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const void* in, const void* out,
+                                                      int64_t rows, int64_t cols, const int32_t* choice,
+                                                      char* buf, int len) {
+  if (buf == nullptr || len <= 0) return;
+  buf[0] = '\0';
+  if (!ValidDType(dtype)) return;
+  const auto dt = static_cast<DType>(dtype);
+  if (op == 1) fc::DescribeSoftmax(dt, in, out, rows, cols, ToChoice(choice), buf, len);
+  if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, ToChoice(choice), buf, len);
+}
+
+// cudaGetErrorName of an error code above, e.g. "cudaErrorInvalidValue".
+FUSEBOX_CAPI const char* fusebox_bench_cuda_error_name(int error) {
+  return cudaGetErrorName(static_cast<cudaError_t>(error));
+}
