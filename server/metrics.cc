@@ -12,15 +12,17 @@
 //    own Histogram takes a mutex and CAS-loops two doubles per Observe: with
 //    4-8 threads finishing calls at once that cost 1-2 us per call on the
 //    H200 host, against 0.15 us here (35 ns on the build machine; see
-//    bench/metrics/RESULTS.md).
+//    bench/metrics/RESULTS.md, measured with 5 phases; the 6th, launch, took
+//    the build machine's figure to ~41 ns).
 //  - BackendCollector: gauges read from Backend::stats() and the tensor store
 //    hook when scraped: always current, and no thread polls between scrapes.
 //
 // Families (every label value is bounded; `device` is one per server):
 //   fusebox_call_phase_duration_seconds  histogram {op, dtype, device, phase}
-//       phase = queue | copy_in | kernel | copy_out | total; buckets 1 us x 2^k,
-//       k = 0..25 (1 us .. 33.6 s). Observed once per call that ran, from the
-//       same OpTiming the response's Timing is filled from.
+//       phase = queue | copy_in | launch | kernel | copy_out | total; buckets
+//       1 us x 2^k, k = 0..25 (1 us .. 33.6 s). Observed once per call that
+//       ran, every phase, from the same OpTiming the response's Timing is
+//       filled from (launch: copy-in end -> kernel start, 0 on the CPU backend).
 //   fusebox_calls_total                  counter {method, code}  every RPC, gRPC code name
 //   fusebox_payload_bytes_total          counter {method, direction}  tensor bytes in / out
 //   fusebox_calls_in_flight              gauge   RPCs between arrival and reply
@@ -63,13 +65,14 @@ namespace {
 
 constexpr int kOps = 4;      // Op::kGelu .. Op::kMatmulRelu
 constexpr int kDTypes = 3;   // DType::kFloat32 (1) .. DType::kBFloat16 (3)
-constexpr int kPhases = 5;
+constexpr int kPhases = 6;
 constexpr int kBounds = 26;  // finite bucket bounds; slot kBounds is +Inf
 constexpr int kCodes = 17;   // grpc::StatusCode OK (0) .. UNAUTHENTICATED (16)
 constexpr int kMaxMethods = 16;  // KernelService has 8; beyond 15 they count as "other"
 constexpr int kShards = 16;
 constexpr int kUnknownCode = 2;
-constexpr const char* kPhaseNames[kPhases] = {"queue", "copy_in", "kernel", "copy_out", "total"};
+constexpr const char* kPhaseNames[kPhases] = {"queue",  "copy_in",  "launch",
+                                               "kernel", "copy_out", "total"};
 constexpr const char* kCodeNames[kCodes] = {
     "OK",          "CANCELLED",           "UNKNOWN",           "INVALID_ARGUMENT",
     "DEADLINE_EXCEEDED", "NOT_FOUND",     "ALREADY_EXISTS",    "PERMISSION_DENIED",
@@ -78,7 +81,7 @@ constexpr const char* kCodeNames[kCodes] = {
     "UNAUTHENTICATED"};
 
 // Bucket bounds in seconds: 1 us .. 2^25 us = 33.6 s, doubling, so
-// histogram_quantile is within 2x; 26 buckets keep a scrape near 200 KB.
+// histogram_quantile is within 2x; 26 buckets keep a scrape near 250 KB.
 struct Bounds {
   double le[kBounds];
   Bounds() {
@@ -108,7 +111,7 @@ inline void AddDouble(std::atomic<double>& a, double v) {
   }
 }
 
-// One thread's share of every count: ~16 KB, cache-line aligned, so threads
+// One thread's share of every count: ~18 KB, cache-line aligned, so threads
 // on different shards never share a cache line.
 struct alignas(64) Shard {
   std::atomic<uint64_t> bucket[kOps][kDTypes][kPhases][kBounds + 1];
@@ -181,7 +184,8 @@ class CallStats final : public prometheus::Collectable {
     const int dt = static_cast<int>(r.dtype) - 1;
     if (op < 0 || op >= kOps || dt < 0 || dt >= kDTypes) return;
     const OpTiming& t = r.timing;
-    const double us[kPhases] = {t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us};
+    const double us[kPhases] = {t.queue_us,  t.copy_in_us,  t.launch_us,
+                                t.kernel_us, t.copy_out_us, t.total_us};
     const double* le = PhaseBounds().le;
     for (int ph = 0; ph < kPhases; ++ph) {
       const double v = us[ph] > 0 ? us[ph] : 0.0;  // a NaN or negative timing counts as 0
@@ -264,8 +268,8 @@ class CallStats final : public prometheus::Collectable {
 
   prometheus::MetricFamily PhaseFamily() const {
     auto f = Family("fusebox_call_phase_duration_seconds",
-                    "Where each call's time went, by phase (queue, copy_in, kernel, copy_out, "
-                    "total): the numbers its response's Timing carries.",
+                    "Where each call's time went, by phase (queue, copy_in, launch, kernel, "
+                    "copy_out, total): the numbers its response's Timing carries.",
                     prometheus::MetricType::Histogram);
     const double* le = PhaseBounds().le;
     for (int op = 0; op < kOps; ++op) {

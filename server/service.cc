@@ -18,6 +18,7 @@ namespace {
 void FillTiming(const OpTiming& t, const Backend& backend, v1::Timing* out) {
   out->set_queue_us(t.queue_us);
   out->set_copy_in_us(t.copy_in_us);
+  out->set_launch_us(t.launch_us);
   out->set_kernel_us(t.kernel_us);
   out->set_copy_out_us(t.copy_out_us);
   out->set_total_us(t.total_us);

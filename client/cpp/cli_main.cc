@@ -283,10 +283,10 @@ int main(int argc, char** argv) {
       std::printf("%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
                   fusebox::DTypeName(r.output.dtype), ShapeString(r.output.shape).c_str(), output.c_str());
     }
-    std::printf("server timing (us): queue %.1f  copy_in %.1f  kernel %.1f  copy_out %.1f  total %.1f"
-                "  [%s, %s, stream %d]\n",
-                t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us, t.backend.c_str(),
-                t.device.c_str(), t.stream);
+    std::printf("server timing (us): queue %.1f  copy_in %.1f  launch %.1f  kernel %.1f  copy_out %.1f"
+                "  total %.1f  [%s, %s, stream %d]\n",
+                t.queue_us, t.copy_in_us, t.launch_us, t.kernel_us, t.copy_out_us, t.total_us,
+                t.backend.c_str(), t.device.c_str(), t.stream);
     std::printf("client round trip (us): %.1f\n", t.rpc_us);
   }
   return 0;

@@ -284,6 +284,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
       Timing& o = result->timing;
       o.queue_us = tm.queue_us();
       o.copy_in_us = tm.copy_in_us();
+      o.launch_us = tm.launch_us();
       o.kernel_us = tm.kernel_us();
       o.copy_out_us = tm.copy_out_us();
       o.total_us = tm.total_us();

@@ -46,9 +46,12 @@ struct HostTensor {
   std::vector<float> ToFloats() const;
 };
 
-// Where the call's time went: the server's record plus the client's round trip.
+// Where the call's time went: the server's record plus the client's round trip
+// (see fusebox.v1.Timing). launch_us: copy-in end -> kernel start on the GPU
+// (launch work, an idle stream waking up); 0 on the CPU backend.
 struct Timing {
   double queue_us = 0, copy_in_us = 0, kernel_us = 0, copy_out_us = 0, total_us = 0;
+  double launch_us = 0;
   std::string backend, device;
   int stream = 0;
   double rpc_us = 0;  // client wall clock: call start -> response parsed

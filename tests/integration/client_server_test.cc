@@ -195,6 +195,10 @@ TEST_F(IntegrationTest, ResponsesCarryCpuTiming) {
   EXPECT_GT(r->timing.total_us, 0);
   EXPECT_GE(r->timing.total_us, r->timing.kernel_us);
   EXPECT_GT(r->timing.rpc_us, 0);
+  // No copies and no GPU launch on the CPU backend.
+  EXPECT_EQ(r->timing.copy_in_us, 0);
+  EXPECT_EQ(r->timing.launch_us, 0);
+  EXPECT_EQ(r->timing.copy_out_us, 0);
 }
 
 TEST_F(IntegrationTest, EmptyTensorsGiveEmptyOutputsOfTheRightShape) {

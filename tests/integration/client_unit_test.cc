@@ -102,7 +102,10 @@ TEST(ResponseParserTest, ReadsTensorAndTimingAcrossSliceBoundaries) {
   t->set_data(data);
   auto* tm = resp.mutable_timing();
   tm->set_queue_us(1.5);
+  tm->set_copy_in_us(4.5);
+  tm->set_launch_us(12.25);
   tm->set_kernel_us(2.5);
+  tm->set_copy_out_us(3.75);
   tm->set_total_us(9);
   tm->set_backend("cpu");
   tm->set_device("cpu");
@@ -116,7 +119,10 @@ TEST(ResponseParserTest, ReadsTensorAndTimingAcrossSliceBoundaries) {
     EXPECT_EQ(r.output.shape, (std::vector<int64_t>{3, 300}));
     EXPECT_EQ(r.output.data, data);
     EXPECT_EQ(r.timing.queue_us, 1.5);
+    EXPECT_EQ(r.timing.copy_in_us, 4.5);
+    EXPECT_EQ(r.timing.launch_us, 12.25);
     EXPECT_EQ(r.timing.kernel_us, 2.5);
+    EXPECT_EQ(r.timing.copy_out_us, 3.75);
     EXPECT_EQ(r.timing.total_us, 9);
     EXPECT_EQ(r.timing.backend, "cpu");
     EXPECT_EQ(r.timing.stream, 3);

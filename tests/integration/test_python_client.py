@@ -198,6 +198,8 @@ def test_timing_is_reported(client):
     _, t = client.gelu(np.ones(1000, dtype=np.float32), return_timing=True)
     assert t.backend == "cpu"
     assert t.total_us > 0 and t.rpc_us > 0
+    # No copies and no GPU launch on the CPU backend; launch_us is still there.
+    assert t.copy_in_us == 0 and t.launch_us == 0 and t.copy_out_us == 0
 
 
 def test_empty_tensor_gives_empty_output(client):
@@ -295,6 +297,7 @@ def test_cli_gelu_round_trips_npy_and_prints_timing(server, tmp_path):
     r = cli("--server", server.address, "gelu", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"))
     assert r.returncode == 0, r.stderr
     assert "kernel" in r.stdout and "round trip" in r.stdout
+    assert re.search(r"copy_in [\d.]+  launch 0\.0  kernel [\d.]+  copy_out", r.stdout), r.stdout
     y = np.load(tmp_path / "y.npy")
     assert y.dtype == np.float32 and y.shape == x.shape
     assert rel_err(y, gelu_ref(x.astype(np.float64))) < TOL["float32"], f"seed {seed}"

@@ -3,8 +3,9 @@ must not break prometheus-cpp's Exposer, and the GPU gauges must be real.
 
 Starts `fusebox-server --backend=cuda --metrics_address=127.0.0.1:<free>`,
 makes a known number of calls per op, scrapes /metrics and checks: the page
-is served, call counts and histogram counts match, device="cuda:0", GPU
-memory used and total > 0, build info says cuda. Exits 77 (skip) when the
+is served, call counts match, the kernel and launch histograms' counts and
+sums match the responses' kernel_us and launch_us (launch > 0 on a GPU),
+device="cuda:0", GPU memory used and total > 0, build info says cuda. Exits 77 (skip) when the
 server finds no usable GPU. Needs python grpcio + numpy + protobuf and the
 generated stubs; on the device machine run it from a bundle, e.g.
   LD_LIBRARY_PATH=<bundle>/lib:/usr/local/cuda/lib64 python3 gpu_metrics_check.py \
@@ -73,14 +74,13 @@ def main(server_path, python_path):
         t = pb.TensorRef(tensor=pb.Tensor(dtype=pb.FLOAT32, shape=list(x.shape), data=x.tobytes()))
         w = np.ones((1024, 256), np.float32)
         tw = pb.TensorRef(tensor=pb.Tensor(dtype=pb.FLOAT32, shape=list(w.shape), data=w.tobytes()))
-        kernel_us = {}
+        timings = {}  # op -> [Timing]
         for _ in range(CALLS):
-            kernel_us.setdefault("Gelu", []).append(stub.Gelu(pb.GeluRequest(input=t)).timing.kernel_us)
-            kernel_us.setdefault("Softmax", []).append(
-                stub.Softmax(pb.SoftmaxRequest(input=t)).timing.kernel_us)
-            kernel_us.setdefault("RowSum", []).append(stub.RowSum(pb.RowSumRequest(input=t)).timing.kernel_us)
-            kernel_us.setdefault("MatmulRelu", []).append(
-                stub.MatmulRelu(pb.MatmulReluRequest(a=t, b=tw)).timing.kernel_us)
+            timings.setdefault("Gelu", []).append(stub.Gelu(pb.GeluRequest(input=t)).timing)
+            timings.setdefault("Softmax", []).append(stub.Softmax(pb.SoftmaxRequest(input=t)).timing)
+            timings.setdefault("RowSum", []).append(stub.RowSum(pb.RowSumRequest(input=t)).timing)
+            timings.setdefault("MatmulRelu", []).append(
+                stub.MatmulRelu(pb.MatmulReluRequest(a=t, b=tw)).timing)
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         s = parse(text)
@@ -91,16 +91,20 @@ def main(server_path, python_path):
             if not ok:
                 failures.append(what)
 
-        for op, ks in kernel_us.items():
+        for op, ts in timings.items():
             n = value(s, "fusebox_calls_total", method=op, code="OK")
             check(n == CALLS, f"fusebox_calls_total{{method={op},code=OK}} = {n}")
-            c = value(s, "fusebox_call_phase_duration_seconds_count", op=op, dtype="float32",
-                      device="cuda:0", phase="kernel")
-            total = value(s, "fusebox_call_phase_duration_seconds_sum", op=op, dtype="float32",
-                          device="cuda:0", phase="kernel")
-            check(c == CALLS, f"{op} kernel histogram count = {c}")
-            check(abs(total - sum(ks) * 1e-6) <= 1e-6 * total + 1e-9,
-                  f"{op} kernel sum {total * 1e6:.1f} us = responses' {sum(ks):.1f} us")
+            for phase in ("kernel", "launch"):
+                us = sum(getattr(x, phase + "_us") for x in ts)
+                c = value(s, "fusebox_call_phase_duration_seconds_count", op=op, dtype="float32",
+                          device="cuda:0", phase=phase)
+                total = value(s, "fusebox_call_phase_duration_seconds_sum", op=op, dtype="float32",
+                              device="cuda:0", phase=phase)
+                check(c == CALLS, f"{op} {phase} histogram count = {c}")
+                check(abs(total - us * 1e-6) <= 1e-6 * total + 1e-9,
+                      f"{op} {phase} sum {total * 1e6:.1f} us = responses' {us:.1f} us")
+            launch = sum(x.launch_us for x in ts)
+            check(launch > 0, f"{op} launch_us filled by the CUDA backend ({launch:.1f} us)")
         used = value(s, "fusebox_device_memory_used_bytes", device="cuda:0")
         size = value(s, "fusebox_device_memory_total_bytes", device="cuda:0")
         check(0 < used <= size, f"GPU memory used {used / 2**30:.2f} GiB of {size / 2**30:.2f} GiB")

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -159,6 +160,7 @@ CallRecord GeluOk(double kernel_us) {
   r.ran = true;
   r.timing.queue_us = 3;
   r.timing.copy_in_us = 10;
+  r.timing.launch_us = 5;
   r.timing.kernel_us = kernel_us;
   r.timing.copy_out_us = 20;
   r.timing.total_us = 40 + kernel_us;
@@ -174,6 +176,9 @@ TEST_F(MetricsTest, EveryLabelComboIsExposedAtZeroBeforeAnyCall) {
   EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
                   Phase("Softmax", "float16", "copy_out")),
             0);
+  EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
+                  Phase("Softmax", "float16", "launch")),
+            0);
   EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "RowSum"}, {"direction", "out"}}),
             0);
   EXPECT_EQ(Value(s, "fusebox_calls_in_flight", {}), 0);
@@ -188,9 +193,9 @@ TEST_F(MetricsTest, RecordCallFillsEveryPhaseFromTheSameTiming) {
             4096);
   EXPECT_EQ(Value(s, "fusebox_payload_bytes_total", {{"method", "Gelu"}, {"direction", "out"}}),
             4096);
-  const char* phases[] = {"queue", "copy_in", "kernel", "copy_out", "total"};
-  const double sums[] = {6e-6, 20e-6, 400e-6, 40e-6, 480e-6};
-  for (int i = 0; i < 5; ++i) {
+  const char* phases[] = {"queue", "copy_in", "launch", "kernel", "copy_out", "total"};
+  const double sums[] = {6e-6, 20e-6, 10e-6, 400e-6, 40e-6, 480e-6};
+  for (int i = 0; i < 6; ++i) {
     SCOPED_TRACE(phases[i]);
     EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count",
                     Phase("Gelu", "bfloat16", phases[i])),
@@ -243,15 +248,61 @@ TEST_F(MetricsTest, NanOrNegativeTimingCountsAsZero) {
   r.ran = true;
   r.timing.queue_us = NAN;
   r.timing.copy_in_us = -5;
+  r.timing.launch_us = -0.5;
   metrics_->RecordCall(r);
   const auto s = Scrape();
-  for (const char* phase : {"queue", "copy_in"}) {
+  for (const char* phase : {"queue", "copy_in", "launch"}) {
     SCOPED_TRACE(phase);
     EXPECT_EQ(Bucket(s, Phase("Softmax", "bfloat16", phase), 1e-6), 1);
     EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_sum",
                     Phase("Softmax", "bfloat16", phase)),
               0);
   }
+}
+
+// Every op x dtype carries the same six phases, launch included, so a panel
+// grouping `by (phase)` shows launch next to the others.
+TEST_F(MetricsTest, EveryOpAndDtypeHasAllSixPhases) {
+  const auto s = Scrape();
+  std::map<std::string, std::set<std::string>> phases;  // "op/dtype" -> phases
+  for (const Sample& x : s) {
+    if (x.name != "fusebox_call_phase_duration_seconds_count") continue;
+    EXPECT_EQ(x.labels.at("device"), "fake:0");
+    phases[x.labels.at("op") + "/" + x.labels.at("dtype")].insert(x.labels.at("phase"));
+  }
+  EXPECT_EQ(phases.size(), 12u);
+  const std::set<std::string> want = {"queue", "copy_in", "launch", "kernel", "copy_out", "total"};
+  for (const auto& [combo, got] : phases) EXPECT_EQ(got, want) << combo;
+}
+
+// launch_us (copy-in end -> kernel start on the GPU) is a series of its own:
+// neither folded into kernel nor into another phase.
+TEST_F(MetricsTest, LaunchPhaseIsObservedOnItsOwn) {
+  CallRecord r;
+  r.method = "MatmulRelu";
+  r.op = Op::kMatmulRelu;
+  r.dtype = DType::kBFloat16;
+  r.ran = true;
+  r.timing.copy_in_us = 3;
+  r.timing.launch_us = 30;  // (16 us, 32 us]
+  r.timing.kernel_us = 2;   // (1 us, 2 us]
+  r.timing.total_us = 40;
+  metrics_->RecordCall(r);
+  r.timing.launch_us = 9;   // (8 us, 16 us]
+  metrics_->RecordCall(r);
+  const auto s = Scrape();
+  const LabelSet launch = Phase("MatmulRelu", "bfloat16", "launch");
+  const LabelSet kernel = Phase("MatmulRelu", "bfloat16", "kernel");
+  EXPECT_EQ(Value(s, "fusebox_call_phase_duration_seconds_count", launch), 2);
+  EXPECT_NEAR(Value(s, "fusebox_call_phase_duration_seconds_sum", launch), 39e-6, 1e-12);
+  EXPECT_EQ(Bucket(s, launch, 8e-6), 0);
+  EXPECT_EQ(Bucket(s, launch, 16e-6), 1);
+  EXPECT_EQ(Bucket(s, launch, 32e-6), 2);
+  EXPECT_NEAR(Value(s, "fusebox_call_phase_duration_seconds_sum", kernel), 4e-6, 1e-12);
+  EXPECT_EQ(Bucket(s, kernel, 2e-6), 2);
+  EXPECT_NEAR(Value(s, "fusebox_call_phase_duration_seconds_sum",
+                    Phase("MatmulRelu", "bfloat16", "copy_in")),
+              6e-6, 1e-12);
 }
 
 TEST_F(MetricsTest, ConcurrentRecordsFromManyThreadsAllCount) {

@@ -46,7 +46,7 @@ from fusebox.v1 import kernel_service_pb2 as pb  # noqa: E402
 from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc  # noqa: E402
 
 OPS = ["Gelu", "Softmax", "RowSum", "MatmulRelu"]
-PHASES = ["queue", "copy_in", "kernel", "copy_out", "total"]
+PHASES = ["queue", "copy_in", "launch", "kernel", "copy_out", "total"]
 DTYPE_CALLS = [("float32", 8), ("float16", 6), ("bfloat16", 6)]  # 20 good calls per op
 # The exporter's buckets (server/metrics.cc): 1 us x 2^k, k = 0..25.
 BOUNDS = [1e-6 * float(1 << k) for k in range(26)]
@@ -328,6 +328,27 @@ def test_histogram_counts_and_sums_equal_the_response_timings(stack):
             assert sums[(op, phase)] == pytest.approx(sum(values), rel=1e-6, abs=1e-9), (op, phase)
     # The CPU backend runs the kernel: it took time.
     assert all(sums[(op, "kernel")] > 0 and sums[(op, "total")] > 0 for op in OPS)
+
+
+def test_launch_phase_is_scraped_and_equals_the_responses_launch_us(stack):
+    # launch (copy-in end -> kernel start, filled by the CUDA backend) has its
+    # own series per op and dtype, counted once per call like every phase;
+    # on this CPU server every response says launch_us = 0, and so must the sum.
+    prom, seen = stack["prom"], stack["seen"]
+    sel = f'{{job="fusebox",phase="launch"}}'
+    counts = prom.by(f"{PHASE_METRIC}_count{sel}", "op", "dtype")
+    sums = prom.by(f"{PHASE_METRIC}_sum{sel}", "op", "dtype")
+    assert set(counts) == {(op, dtype) for op in OPS for dtype, _ in DTYPE_CALLS}
+    for op in OPS:
+        launch_s = seen["phases"][(op, "launch")]
+        assert len(launch_s) == 20 and all(v == 0 for v in launch_s), (op, launch_s)
+        for dtype, n in DTYPE_CALLS:
+            assert counts[(op, dtype)] == n == seen["phase_count_dtype"][(op, dtype)], (op, dtype)
+            assert sums[(op, dtype)] == 0, (op, dtype)
+        # Every call's 0 lies in the first bucket (le = 1 us).
+        buckets = prom.by(f'sum by (le) ({PHASE_METRIC}_bucket{{job="fusebox",phase="launch",'
+                          f'op="{op}"}})', "le")
+        assert buckets[min(buckets, key=lambda le: float(le[0]))] == 20, (op, buckets)
 
 
 def bucket_of(value):

@@ -1,18 +1,27 @@
 // The service end to end in-process (real gRPC on a loopback port, CPU
 // backend): resident tensors (upload, download, chaining, free, expiry,
 // budget, quota, owners), bad requests, and that the server keeps serving.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "client/cpp/fusebox_client.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
+#include "server/cpu_backend.h"
+#include "server/metrics.h"
 #include "server/server.h"
+#include "server/service.h"
 #include "tests/reference.h"
 
 namespace fusebox {
@@ -423,6 +432,176 @@ TEST_F(ServiceTest, ShutdownTurnsHealthNotServingWhileStillServingThenRefuses) {
   EXPECT_TRUE(stub_->Gelu(Ctx().get(), req, &resp).ok());  // still served during the notice
   stopper.join();
   EXPECT_FALSE(stub_->Gelu(Ctx().get(), req, &resp).ok());  // and refused after
+}
+
+// A loopback port nobody listens on now (bound, then released).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The body of GET http://127.0.0.1:port/path (HTTP/1.0: the server closes).
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+    char buf[65536];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t body = reply.find("\r\n\r\n");
+  return body == std::string::npos ? "" : reply.substr(body + 4);
+}
+
+// The value of the one `name{...}` line of `text` that has every label of
+// `labels` (`key="value"` pieces); NaN if none does, or more than one.
+double MetricValue(const std::string& text, const std::string& name,
+                   const std::vector<std::string>& labels) {
+  double value = NAN;
+  int found = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
+    if (!all) continue;
+    ++found;
+    value = std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return found == 1 ? value : NAN;
+}
+
+// service.cc fills the response's Timing and the metrics from the same
+// OpTiming: for every phase, launch included, /metrics counts each call once
+// and sums what the responses said (launch_us is 0 on the CPU backend, but
+// the series is there and counts the calls).
+TEST_F(ServiceTest, MetricsPhasesMatchTheResponsesTimingLaunchIncluded) {
+  const int metrics_port = FreePort();
+  ASSERT_GT(metrics_port, 0);
+  ServerOptions o;
+  o.metrics_address = "127.0.0.1:" + std::to_string(metrics_port);
+  StartServer(o);
+  constexpr int kCalls = 7;
+  const char* phases[] = {"queue", "copy_in", "launch", "kernel", "copy_out", "total"};
+  double sums[6] = {};
+  for (int i = 0; i < kCalls; ++i) {
+    v1::SoftmaxRequest req;
+    auto* t = req.mutable_input()->mutable_tensor();
+    t->set_dtype(v1::FLOAT32);
+    t->add_shape(4);
+    t->add_shape(64 * (i + 1));
+    const std::vector<float> x(4 * 64 * (i + 1), 0.5f);
+    t->set_data(x.data(), x.size() * sizeof(float));
+    v1::SoftmaxResponse resp;
+    ASSERT_TRUE(stub_->Softmax(Ctx().get(), req, &resp).ok());
+    const v1::Timing& tm = resp.timing();
+    const double us[6] = {tm.queue_us(),  tm.copy_in_us(),  tm.launch_us(),
+                          tm.kernel_us(), tm.copy_out_us(), tm.total_us()};
+    for (int p = 0; p < 6; ++p) sums[p] += us[p];
+    EXPECT_EQ(tm.launch_us(), 0);  // the CPU backend launches nothing
+  }
+  const std::string text = HttpGet(metrics_port, "/metrics");
+  ASSERT_FALSE(text.empty());
+  for (int p = 0; p < 6; ++p) {
+    SCOPED_TRACE(phases[p]);
+    const std::vector<std::string> labels = {
+        "op=\"Softmax\"", "dtype=\"float32\"", "device=\"cpu\"",
+        std::string("phase=\"") + phases[p] + "\""};
+    EXPECT_EQ(MetricValue(text, "fusebox_call_phase_duration_seconds_count", labels), kCalls);
+    EXPECT_NEAR(MetricValue(text, "fusebox_call_phase_duration_seconds_sum", labels),
+                sums[p] * 1e-6, 1e-6 * sums[p] * 1e-6 + 1e-12);
+  }
+}
+
+// The CPU backend, with the launch gap a GPU would report: every call's
+// launch_us is kLaunchUs, so a nonzero value can be followed from the backend
+// to the response and to /metrics.
+class LaunchingCpuBackend final : public Backend {
+ public:
+  static constexpr double kLaunchUs = 12.5;  // in the (8 us, 16 us] bucket
+  LaunchingCpuBackend() : cpu_(MakeCpuBackend({})) {}
+  std::string name() const override { return cpu_->name(); }
+  std::string device() const override { return cpu_->device(); }
+  void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
+    cpu_->Submit(call, enqueued_ns, [done = std::move(done)](absl::Status s, const OpTiming& t) {
+      OpTiming with_launch = t;
+      with_launch.launch_us = kLaunchUs;
+      done(std::move(s), with_launch);
+    });
+  }
+  BackendStats stats() const override { return cpu_->stats(); }
+  void Shutdown() override { cpu_->Shutdown(); }
+
+ private:
+  const std::unique_ptr<Backend> cpu_;
+};
+
+TEST(ServiceLaunchTest, BackendsLaunchUsReachesTheResponseAndTheLaunchPhase) {
+  LaunchingCpuBackend backend;
+  auto metrics = Metrics::Start("127.0.0.1:0", &backend);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const Authenticator open;
+  KernelServiceImpl service(&backend, metrics->get(), /*store=*/nullptr, &open, RequestLimits{});
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server != nullptr && port > 0);
+  auto stub = KernelService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+
+  constexpr int kCalls = 5;
+  double kernel_us = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    v1::RowSumRequest req;
+    auto* t = req.mutable_input()->mutable_tensor();
+    t->set_dtype(v1::BFLOAT16);
+    t->add_shape(8);
+    t->add_shape(32);
+    t->set_data(std::string(8 * 32 * 2, '\0'));
+    v1::RowSumResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    ASSERT_TRUE(stub->RowSum(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.timing().launch_us(), LaunchingCpuBackend::kLaunchUs);
+    kernel_us += resp.timing().kernel_us();
+  }
+  const std::string text = HttpGet((*metrics)->port(), "/metrics");
+  auto labels = [](const char* phase) {
+    return std::vector<std::string>{"op=\"RowSum\"", "dtype=\"bfloat16\"",
+                                    std::string("phase=\"") + phase + "\""};
+  };
+  EXPECT_EQ(MetricValue(text, "fusebox_call_phase_duration_seconds_count", labels("launch")),
+            kCalls);
+  EXPECT_NEAR(MetricValue(text, "fusebox_call_phase_duration_seconds_sum", labels("launch")),
+              kCalls * LaunchingCpuBackend::kLaunchUs * 1e-6, 1e-12);
+  std::vector<std::string> le16 = labels("launch"), le8 = labels("launch");
+  le16.push_back("le=\"1.6e-05\"");
+  le8.push_back("le=\"8e-06\"");
+  EXPECT_EQ(MetricValue(text, "fusebox_call_phase_duration_seconds_bucket", le8), 0);
+  EXPECT_EQ(MetricValue(text, "fusebox_call_phase_duration_seconds_bucket", le16), kCalls);
+  // The launch gap is not counted in the kernel phase too.
+  EXPECT_NEAR(MetricValue(text, "fusebox_call_phase_duration_seconds_sum", labels("kernel")),
+              kernel_us * 1e-6, 1e-6 * kernel_us * 1e-6 + 1e-12);
+  server->Shutdown();
+  backend.Shutdown();
 }
 
 }  // namespace

@@ -47,7 +47,14 @@ class FuseboxError(RuntimeError):
 
 @dataclass
 class Timing:
-    """Where a call's time went (microseconds). rpc_us is the client's round trip."""
+    """Where a call's time went (microseconds), as fusebox.v1.Timing says.
+
+    In time order: queue, copy_in, launch, kernel, copy_out; total_us is the
+    whole call on the server. launch_us is copy-in end -> kernel start on the
+    GPU (launch work, an idle stream waking up); 0 on the CPU backend. It comes
+    last, with a default, so positional construction keeps working. rpc_us is
+    the client's round trip.
+    """
     queue_us: float
     copy_in_us: float
     kernel_us: float
@@ -57,6 +64,7 @@ class Timing:
     device: str
     stream: int
     rpc_us: float
+    launch_us: float = 0.0
 
 
 class Handle(str):
@@ -305,8 +313,10 @@ class Client:
         if not return_timing:
             return out
         t = resp.timing
-        return out, Timing(t.queue_us, t.copy_in_us, t.kernel_us, t.copy_out_us, t.total_us,
-                           t.backend, t.device, t.stream, rpc_us)
+        return out, Timing(queue_us=t.queue_us, copy_in_us=t.copy_in_us, kernel_us=t.kernel_us,
+                           copy_out_us=t.copy_out_us, total_us=t.total_us, backend=t.backend,
+                           device=t.device, stream=t.stream, rpc_us=rpc_us,
+                           launch_us=t.launch_us)
 
 
 def _varint(n: int) -> bytes:
