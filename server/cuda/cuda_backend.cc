@@ -7,13 +7,15 @@
 //   allocate device memory for the call from a memory pool (stream-ordered,
 //   the pool keeps what it has: no cudaMalloc after warm-up) -> record start
 //   -> host -> pinned -> device, chunked and pipelined -> record in -> kernel
-//   -> record kernel -> device -> pinned -> host, pipelined -> record out ->
-//   free to the pool (stream-ordered) -> done(status, timing).
+//   gate -> record go -> kernel -> record kernel -> open the gate -> device ->
+//   pinned -> host, pipelined -> record out -> free to the pool
+//   (stream-ordered) -> done(status, timing).
 // The worker blocks on its own stream; gRPC threads never do (Submit only
 // queues). Calls on different workers use different streams and overlap.
-// Timing: copy_in/kernel/copy_out from cudaEventElapsedTime between those
-// events (copy_out adds the host's last pinned -> destination copies, which
-// follow the last event), queue_us and total_us from the steady clock.
+// Timing: copy_in/launch/kernel/copy_out from cudaEventElapsedTime between
+// those events (launch = in -> go, the host's launch work behind the gate;
+// copy_out adds the host's last pinned -> destination copies, which follow
+// the last event), queue_us and total_us from the steady clock.
 //
 // Errors never abort: out of device memory is RESOURCE_EXHAUSTED (the pool is
 // trimmed and the allocation retried once first); other CUDA / cuBLASLt
