@@ -1,5 +1,8 @@
 """Tables from matmul_torch.py (ours via ctypes and the torch peers, one harness, one process)
 and matmul_bench (ours alone, C++ with CUDA events: a cross-check of the same kernels).
+Rows with "ab_round" (matmul_torch.py's A/B rounds: our cuBLASLt path with each workspace size
+beside the default and torch._addmm_activation, interleaved) get a table of their own that
+names the winner per shape, dtype and bias.
 
 Targets (issue 3): cuBLASLt path with bias >= 0.98x torch._addmm_activation, without bias
 >= 1.0x torch relu(a@b), on every shape and dtype; tiled kernel >= 0.5x our cuBLASLt path on
@@ -13,7 +16,9 @@ import sys
 MODES = ("fp32", "tf32", "fp16", "bf16")
 
 
-def load(path):
+def load(path, ab=None):
+    """Main-pass rows keyed by (impl, mode, bias, m, n, k); A/B rows (with "ab_round") are
+    appended to `ab` when given, else dropped."""
     rows = {}
     try:
         with open(path) as f:
@@ -21,10 +26,144 @@ def load(path):
                 line = line.strip()
                 if line.startswith("{"):
                     r = json.loads(line)
+                    if "ab_round" in r:
+                        if ab is not None:
+                            ab.append(r)
+                        continue
                     rows[(r["impl"], r["mode"], r["bias"], r["m"], r["n"], r["k"])] = r
     except FileNotFoundError:
         pass
     return rows
+
+
+def median(xs):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else 0.5 * (xs[h - 1] + xs[h])
+
+
+def ws_label(impl, rows):
+    """'default 32 MiB' / '1 MiB' / '0' from a variant's workspace_bytes."""
+    ws = next((r.get("workspace_bytes") for r in rows if r.get("workspace_bytes") is not None), None)
+    if ws is None:
+        return impl
+    size = f"{ws >> 20} MiB" if ws and ws % (1 << 20) == 0 else f"{ws} B" if ws else "no workspace"
+    return f"default {size}" if impl == "cublaslt" else size
+
+
+def algo_hash(a):
+    return a.split(" hash ")[-1].split()[0] if a and " hash " in a else a
+
+
+def algo_config(a):
+    """The configuration part of an algo string (id .. cluster), without workspace and hash."""
+    return a.split(" ws_needed ")[0] if a else a
+
+
+def ab_report(ab):
+    """Per (shape, mode, bias): median TFLOP/s of each variant over the rounds, median per-round
+    ratio to torch._addmm_activation (bias only), the winner among our variants and its margin
+    over the default, the default's spread over rounds, and whether the algorithms differ."""
+    timed = [r for r in ab if r.get("ab_round", -1) >= 0 and r.get("tflops")]
+    if not timed:
+        return []
+    impls = {r["impl"] for r in timed if r["impl"].startswith("cublaslt")}
+    by_impl = {i: [r for r in ab if r["impl"] == i] for i in impls}
+    ws = {i: next((r["workspace_bytes"] for r in by_impl[i] if r.get("workspace_bytes") is not None),
+                  -1) for i in impls}
+    impls = sorted(impls, key=lambda i: (i != "cublaslt", -ws[i], i))  # default, then largest first
+    labels = {i: ws_label(i, by_impl[i]) for i in impls}
+    print()
+    print("## A/B rounds: our cuBLASLt path by workspace size, interleaved with torch "
+          "(TFLOP/s, median over rounds; [x] = median per-round ratio to _addmm_activation)")
+    print()
+    head = " | ".join(f"Lt {labels[i]}" for i in impls)
+    print(f"| MxNxK | dtype | bias | rounds | torch addmm_act | {head} | best of ours | "
+          f"best vs default | default spread | algorithms |")
+    print("|" + "---|" * (9 + len(impls)))
+    cases = sorted({(r["m"], r["n"], r["k"], r["mode"], r["bias"]) for r in timed},
+                   key=lambda c: (c[0] * c[1] * c[2], c[:3], MODES.index(c[3]), not c[4]))
+    tally = {i: {"win": 0, "loss": 0, "tie": 0, "ge098": 0, "n_bias": 0} for i in impls}
+    lines = []
+    for (m, n, k, mode, bias) in cases:
+        rs = [r for r in timed if (r["m"], r["n"], r["k"], r["mode"], r["bias"]) == (m, n, k, mode, bias)]
+        rounds = sorted({r["ab_round"] for r in rs})
+        per = {}  # impl -> {round: tflops}
+        for r in rs:
+            per.setdefault(r["impl"], {})[r["ab_round"]] = r["tflops"]
+        torch_t = per.get("torch_addmm_activation", {})
+        cells, med = [], {}
+        for i in impls:
+            vals = per.get(i, {})
+            med[i] = median(list(vals.values()))
+            ratios = [vals[x] / torch_t[x] for x in rounds if x in vals and x in torch_t]
+            rr = median(ratios)
+            if rr is not None:
+                tally[i]["n_bias"] += 1
+                tally[i]["ge098"] += rr >= 0.98
+            cells.append(f"{fmt(med[i])}" + (f" [{rr:.3f}{'' if rr >= 0.98 else ' MISS'}]" if rr else ""))
+        best = max((i for i in impls if med[i]), key=lambda i: med[i], default=None)
+        d = med.get("cublaslt")
+        if best and d:
+            margin = med[best] / d - 1
+            verdict = ("default is best" if best == "cublaslt" else
+                       "tie (<1%)" if margin < 0.01 else f"+{100 * margin:.1f}%")
+            for i in impls[1:]:
+                if med[i]:
+                    delta = med[i] / d - 1
+                    key = "win" if delta >= 0.01 else "loss" if delta <= -0.01 else "tie"
+                    tally[i][key] += 1
+        else:
+            verdict = "-"
+        vals = list(per.get("cublaslt", {}).values())
+        spread = f"{100 * (max(vals) - min(vals)) / median(vals):.1f}%" if len(vals) > 1 else "-"
+        algos = {i: next((r.get("algo") for r in by_impl[i] if (r["m"], r["n"], r["k"], r["mode"],
+                 r["bias"]) == (m, n, k, mode, bias) and r.get("algo")), None) for i in impls}
+        d_algo = algos.get("cublaslt")
+        differ = [labels[i] for i in impls[1:] if algos[i] and d_algo and
+                  algo_config(algos[i]) != algo_config(d_algo)]
+        # Same configuration but another opaque hash: the hash may carry more than the config.
+        opaque = [labels[i] for i in impls[1:] if algos[i] and d_algo and labels[i] not in differ
+                  and algo_hash(algos[i]) != algo_hash(d_algo)]
+        same = ("differ: " + ", ".join(differ) if differ else
+                "same config, hash differs: " + ", ".join(opaque) if opaque else "same")
+        tt = median(list(torch_t.values()))
+        print(f"| {m}x{n}x{k} | {mode} | {'yes' if bias else 'no'} | {len(rounds)} | {fmt(tt)} | "
+              + " | ".join(cells)
+              + f" | {labels[best] if best else '-'} | {verdict} | {spread} | {same} |")
+    print()
+    for i in impls[1:]:
+        t = tally[i]
+        lines.append(f"Lt {labels[i]} vs the default ({labels['cublaslt']}): faster by >= 1% on "
+                     f"{t['win']}, slower by >= 1% on {t['loss']}, within 1% on {t['tie']} cases")
+    for i in impls:
+        t = tally[i]
+        if t["n_bias"]:
+            lines.append(f"Lt {labels[i]} with bias: >= 0.98x _addmm_activation on "
+                         f"{t['ge098']}/{t['n_bias']} (median per-round ratio)")
+    for ln in lines:
+        print(ln)
+    errors = [r for r in ab if r.get("error")]
+    for r in errors:
+        print(f"  A/B variant dropped: {r['impl']} {r['mode']} {r['m']}x{r['n']}x{r['k']} "
+              f"bias={r['bias']}: {r['error']}")
+    # The algorithm strings where our variants disagree: what the workspace changed.
+    diff_cases = []
+    for (m, n, k, mode, bias) in cases:
+        al = {i: next((r.get("algo") for r in by_impl[i] if (r["m"], r["n"], r["k"], r["mode"],
+              r["bias"]) == (m, n, k, mode, bias) and r.get("algo")), None) for i in impls}
+        if len({algo_config(a) for a in al.values() if a}) > 1:
+            diff_cases.append(((m, n, k, mode, bias), al))
+    if diff_cases:
+        print()
+        print("Algorithms where the workspace size changed cuBLASLt's pick:")
+        print()
+        for (m, n, k, mode, bias), al in diff_cases:
+            for i in impls:
+                print(f"- {m}x{n}x{k} {mode} bias={'yes' if bias else 'no'} Lt {labels[i]}: {al[i]}")
+    return lines
 
 
 def shapes_of(rows):
@@ -36,7 +175,8 @@ def fmt(v):
 
 
 def main():
-    py = load(sys.argv[1])
+    ab = []
+    py = load(sys.argv[1], ab)
     lt = "cublaslt"
     cpp = load(sys.argv[2]) if len(sys.argv) > 2 else {}
     misses, bad = [], [r for r in py.values() if r.get("check") == "FAIL"]
@@ -79,7 +219,10 @@ def main():
                 print(f"| {s[0]}x{s[1]}x{s[2]} | {mode} | {fmt(t('cublaslt', False))} | "
                       f"{fmt(t('cublaslt', True))} | {fmt(t('tiled', True))} | "
                       f"{fmt(t('tiled_mma', True))} |")
-    checked = [r for r in list(py.values()) + list(cpp.values()) if "check" in r]
+    ab_report(ab)
+    ab_checked = [r for r in ab if "check" in r]
+    bad += [r for r in ab_checked if r.get("check") == "FAIL"]
+    checked = [r for r in list(py.values()) + list(cpp.values()) + ab_checked if "check" in r]
     print()
     print(f"correctness checks: {len(checked) - len(bad)}/{len(checked)} pass; "
           f"cuBLASLt-path targets missed: {len(misses)}")

@@ -11,9 +11,21 @@ of calls), inputs uniform in [-1, 1), fresh per shape and dtype. The variants of
 dtype run back to back, so clock and temperature drift affect them alike. fp32 runs twice:
 exact ("highest") and TF32 ("high"). Correctness on the same inputs: ours vs
 relu(a @ b + bias) in float64 on the GPU (relative L2 error), and NaN-free.
-One JSON object per line. Cost: about 40 s on an H200.
+
+A/B rounds (run 4): after the main pass of a shape and dtype, our cuBLASLt path with each
+workspace size that differs from the server's default (1 MiB = PyTorch's cuBLASLt default,
+32 MiB = runs 1-3, 0 = no workspace) runs beside the default and, with bias, beside
+torch._addmm_activation: --ab-rounds rounds, each variant once per round (do_bench, ~40 ms),
+the order rotated every round so that no variant always runs first or last. Rows carry
+"ab_round" and the algorithm cuBLASLt picked for that runner ("algo": id, tile, stages,
+split-K, ..., and a hash of the opaque algorithm: equal hashes, same kernel and configuration).
+--ab missed limits the rounds to the six shape/dtype pairs that missed in run 3.
+
+One JSON object per line. Cost: about 40 s on an H200, plus ~45 s for the A/B rounds (all;
+~15 s with --ab missed).
 
 usage: python3 matmul_torch.py --capi PATH/libfusebox_matmul_capi.so [--json FILE] [--quick]
+           [--ab all|missed|none] [--ab-rounds N] [--ab-rep MS]
 """
 import argparse
 import ctypes
@@ -28,6 +40,12 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4000, 4000, 4000), (16384, 16
 MODES = [("fp32", torch.float32, "highest", 1), ("tf32", torch.float32, "high", 1),
          ("fp16", torch.float16, "highest", 2), ("bf16", torch.bfloat16, "highest", 3)]
 TOL = {"fp32": 1e-5, "tf32": 3e-3, "fp16": 3e-3, "bf16": 1e-2}
+# Shape/dtype pairs below 0.98x torch._addmm_activation in run 3 (results/matmul-2026-11-29.md).
+MISSED = {((64, 4096, 4096), "tf32"), ((4096, 4096, 4096), "fp16")} | {
+    ((16384, 16384, 256), mode) for mode in ("fp32", "tf32", "fp16", "bf16")}
+# impl codes of libfusebox_matmul_capi (matmul_capi.cc): 0 is the server's default runner.
+LT_DEFAULT = ("cublaslt", 0)
+LT_WORKSPACE_VARIANTS = [("cublaslt_ws1m", 4), ("cublaslt_ws32m", 5), ("cublaslt_ws0", 6)]
 
 
 def main():
@@ -35,6 +53,9 @@ def main():
     ap.add_argument("--capi", required=True)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ab", choices=("all", "missed", "none"), default="all")
+    ap.add_argument("--ab-rounds", type=int, default=3)
+    ap.add_argument("--ab-rep", type=float, default=40.0, help="do_bench rep (ms) in A/B rounds")
     args = ap.parse_args()
     shapes = [(8192, 8192, 8192)] if args.quick else SHAPES
     out = open(args.json, "w") if args.json else None
@@ -46,8 +67,25 @@ def main():
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                    ctypes.c_void_p]
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", file=sys.stderr)
+    ws_of = lib.fusebox_bench_workspace_bytes
+    ws_of.restype = ctypes.c_int64
+    ws_of.argtypes = [ctypes.c_int]
+    algo_of = lib.fusebox_bench_matmul_algo
+    algo_of.restype = ctypes.c_int
+    algo_of.argtypes = fn.argtypes[:10] + [ctypes.c_char_p, ctypes.c_int]
+    default_ws = ws_of(LT_DEFAULT[1])
+    lt_variants = [LT_DEFAULT] + [(nm, c) for nm, c in LT_WORKSPACE_VARIANTS if ws_of(c) != default_ws]
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; our default cuBLASLt "
+          f"workspace {default_ws} B; A/B variants {[nm for nm, _ in lt_variants]}", file=sys.stderr)
     failures = 0
+
+    def emit(row):
+        line = json.dumps(row)
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
     for (m, n, k) in shapes:
         for name, dt, precision, code in MODES:
             torch.set_float32_matmul_precision(precision)
@@ -58,6 +96,14 @@ def main():
             bias = torch.rand(n, device="cuda", dtype=dt, generator=g) * 2 - 1
             c = torch.empty(m, n, device="cuda", dtype=dt)
             flops = 2.0 * m * n * k
+            checkable = m * n * k <= 2**40
+            refs = {}
+
+            def ref_for(with_bias):
+                if with_bias not in refs:
+                    r = a.double() @ b.double()
+                    refs[with_bias] = torch.relu(r + bias.double() if with_bias else r)
+                return refs[with_bias]
 
             def ours(impl, with_bias):
                 def run():
@@ -65,40 +111,88 @@ def main():
                     rc = fn(code, m, n, k, a.data_ptr(), b.data_ptr(),
                             bias.data_ptr() if with_bias else None, c.data_ptr(), tf32, impl, stream)
                     if rc != 0:
-                        raise RuntimeError(f"fusebox_bench_matmul rc={rc}")
+                        raise RuntimeError(f"fusebox_bench_matmul impl {impl} rc={rc}")
                 return run
 
+            def algo(impl, with_bias):
+                buf = ctypes.create_string_buffer(512)
+                algo_of(code, m, n, k, a.data_ptr(), b.data_ptr(),
+                        bias.data_ptr() if with_bias else None, c.data_ptr(), tf32, impl, buf, 512)
+                return buf.value.decode()
+
+            def check(run, with_bias, row):
+                """Runs once into a NaN-poisoned output; adds rel_err/nans/check to row."""
+                nonlocal failures
+                c.fill_(float("nan"))
+                res = run()
+                res = c if res is None else res
+                torch.cuda.synchronize()
+                r = ref_for(with_bias)
+                err = ((res.double() - r).norm() / r.norm()).item()
+                nans = int(torch.isnan(res).sum().item())
+                ok = nans == 0 and err <= TOL[name]
+                row.update(rel_err=err, nans=nans, check="pass" if ok else "FAIL")
+                failures += not ok
+
             variants = [
-                ("torch_relu_matmul", False, lambda: torch.relu(a @ b)),
-                ("cublaslt", False, ours(0, False)),
-                ("torch_addmm_activation", True, lambda: torch._addmm_activation(bias, a, b)),
-                ("cublaslt", True, ours(0, True)),
+                ("torch_relu_matmul", False, lambda: torch.relu(a @ b), None),
+                ("cublaslt", False, ours(0, False), 0),
+                ("torch_addmm_activation", True, lambda: torch._addmm_activation(bias, a, b), None),
+                ("cublaslt", True, ours(0, True), 0),
             ]
             if name != "tf32":
-                variants.append(("tiled", True, ours(1, True)))
+                variants.append(("tiled", True, ours(1, True), None))
             if name in ("fp16", "bf16"):
-                variants.append(("tiled_mma", True, ours(2, True)))
-            ref = torch.relu(a.double() @ b.double() + bias.double()) if m * n * k <= 2**40 else None
-            for impl, with_bias, run in variants:
+                variants.append(("tiled_mma", True, ours(2, True), None))
+            for impl, with_bias, run, lt_code in variants:
                 row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n, "k": k}
-                if ref is not None and impl not in ("torch_relu_matmul",):
-                    c.fill_(float("nan"))
-                    res = run()
-                    res = c if res is None else res
-                    torch.cuda.synchronize()
-                    r = ref if with_bias else torch.relu(a.double() @ b.double())
-                    err = ((res.double() - r).norm() / r.norm()).item()
-                    nans = int(torch.isnan(res).sum().item())
-                    ok = nans == 0 and err <= TOL[name]
-                    row.update(rel_err=err, nans=nans, check="pass" if ok else "FAIL")
-                    failures += not ok
+                if lt_code is not None:
+                    row.update(workspace_bytes=ws_of(lt_code), algo=algo(lt_code, with_bias))
+                if checkable and not impl.startswith("torch"):
+                    check(run, with_bias, row)
                 ms = do_bench(run, warmup=25, rep=100, return_mode="median")
                 row.update(median_ms=ms, tflops=flops / (ms * 1e9))
-                line = json.dumps(row)
-                print(line, flush=True)
-                if out:
-                    out.write(line + "\n")
-            del a, b, bias, c, ref
+                emit(row)
+
+            ab = args.ab == "all" or args.quick or (args.ab == "missed" and ((m, n, k), name) in MISSED)
+            if ab and args.ab_rounds > 0 and len(lt_variants) > 1:
+                for with_bias in (True, False):
+                    vs = []  # (impl, run, lt_code)
+                    if with_bias:
+                        vs.append(("torch_addmm_activation",
+                                   lambda: torch._addmm_activation(bias, a, b), None))
+                    info = {}
+                    for impl, lt_code in lt_variants:
+                        run = ours(lt_code, with_bias)
+                        meta = {"workspace_bytes": ws_of(lt_code), "algo": algo(lt_code, with_bias)}
+                        # One row per variant with ab_round -1: its correctness check (the
+                        # default was checked in the main pass) or the error that dropped it.
+                        row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n,
+                               "k": k, "ab_round": -1, **meta}
+                        try:
+                            if checkable and impl != "cublaslt":
+                                check(run, with_bias, row)
+                            else:
+                                run()
+                        except RuntimeError as e:  # e.g. no algorithm fits this workspace
+                            emit({**row, "error": str(e)})
+                            continue
+                        emit(row)
+                        info[impl] = meta
+                        vs.append((impl, run, lt_code))
+                        print(f"{m}x{n}x{k} {name} bias={with_bias} {impl}: {meta['algo']}",
+                              file=sys.stderr)
+                    for rnd in range(args.ab_rounds):
+                        shift = rnd % len(vs)
+                        for impl, run, lt_code in vs[shift:] + vs[:shift]:
+                            ms = do_bench(run, warmup=10, rep=args.ab_rep, return_mode="median")
+                            row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n,
+                                   "k": k, "ab_round": rnd, "median_ms": ms,
+                                   "tflops": flops / (ms * 1e9)}
+                            if impl in info:
+                                row.update(info[impl])
+                            emit(row)
+            del a, b, bias, c, refs
             torch.cuda.empty_cache()
     torch.set_float32_matmul_precision("highest")
     print(f"matmul_torch: {failures} correctness failures", file=sys.stderr)

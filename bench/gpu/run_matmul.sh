@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
 # One device-machine call for the matmul work: GPU tests (matmul + CUDA backend module), then
 # the C++ benchmark (ours alone), then the Python harness (ours via ctypes beside the torch peers,
-# one process), then the tables last. Builds nothing: bundle first (see NOTES-matmul.md).
-# Writes to $OUT: the two test logs, matmul_ours.json, matmul_torch.json, bench.err and
-# matmul_table.md (6 files). Cost: ~1.5 min of device time.
+# one process, with the A/B rounds of our cuBLASLt workspace sizes), then the tables, then
+# compute-sanitizer: memcheck over both test binaries, racecheck over our tiled kernels.
+# Builds nothing: bundle first (see NOTES-matmul.md; scripts/device_matmul.sh does both).
+# Writes to $OUT: the two test logs, matmul_ours.json, matmul_torch.json, bench.err,
+# matmul_table.md, sanitize_*.log and sanitizer_summary.txt.
+# Cost: ~0.5 min tests + C++ bench, ~1.5 min Python harness (A/B rounds on all 20 pairs),
+# ~1-1.5 min sanitizers (each bounded by `timeout`): ~3.5-4 min of device time.
 #
 # usage (on the device): bench/gpu/run_matmul.sh BUNDLE_DIR [--quick] [--no-tests] [--no-bench]
-#   [--no-cpp] (skip the C++ cross-check) [--no-backend-test]
+#   [--no-cpp] (skip the C++ cross-check) [--no-backend-test] [--no-sanitize] [--sanitize-only]
+#   [--ab all|missed|none] [--ab-rounds N] (A/B rounds, passed to matmul_torch.py)
+# env: MATMUL_SANITIZE_LIMIT_S (default 120: memcheck/racecheck of the matmul test; the backend
+#   test gets half), MATMUL_SYNCCHECK=1 adds synccheck over the tiled kernels.
 set -uo pipefail
 B=${1:?bundle dir}; shift
-quick=""; tests=1; bench=1; cpp=1; suites="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test"
-for a in "$@"; do
-  case "$a" in --quick) quick=--quick ;; --no-tests) tests=0 ;; --no-bench) bench=0 ;;
-    --no-cpp) cpp=0 ;; --no-backend-test) suites=fusebox_gpu_matmul_test ;; esac
+quick=""; tests=1; bench=1; cpp=1; sanitize=1; ab=(); suites="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=--quick ;; --no-tests) tests=0 ;; --no-bench) bench=0 ;; --no-cpp) cpp=0 ;;
+    --no-backend-test) suites=fusebox_gpu_matmul_test ;; --no-sanitize) sanitize=0 ;;
+    --sanitize-only) tests=0; bench=0 ;;
+    --ab|--ab-rounds) ab+=("$1" "${2:?$1 needs a value}"); shift ;;
+    *) echo "run_matmul.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
 done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# scripts/device_bundle.sh packs the libraries as lib.tgz past 48 MB.
+[ -f "$B/lib.tgz" ] && [ ! -d "$B/lib" ] && tar -C "$B" -xzf "$B/lib.tgz"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export FUSEBOX_CUDA_MODULE=$B/bin/libfusebox_cuda_backend.so
 gpu=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv,noheader)
 echo "$gpu"
 rc=0
+t0=$SECONDS
 if [ $tests = 1 ]; then
   for t in $suites; do
     timeout 120 "$B/bin/$t" --gtest_brief=1 >"$OUT/$t.log" 2>&1; r=$?
@@ -29,18 +45,65 @@ if [ $tests = 1 ]; then
     grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rel_error|Expected|Which is|error|us,|ms," "$OUT/$t.log" | head -40
     echo "$t: exit $r"
   done
+  echo "tests: $((SECONDS - t0)) s"
 fi
 if [ $bench = 1 ]; then
+  t1=$SECONDS
   : >"$OUT/bench.err"
   if [ $cpp = 1 ]; then
     timeout 180 "$B/bin/matmul_bench" --json "$OUT/matmul_ours.json" $quick >/dev/null 2>"$OUT/bench.err" || rc=1
   fi
-  PYTHONUNBUFFERED=1 timeout 240 python3 "$B/bin/matmul_torch.py" --capi "$B/bin/libfusebox_matmul_capi.so" \
-    --json "$OUT/matmul_torch.json" $quick >/dev/null 2>>"$OUT/bench.err" || rc=1
-  tail -4 "$OUT/bench.err"
+  echo "C++ bench: $((SECONDS - t1)) s"
+  t2=$SECONDS
+  PYTHONUNBUFFERED=1 timeout 300 python3 "$B/bin/matmul_torch.py" --capi "$B/bin/libfusebox_matmul_capi.so" \
+    --json "$OUT/matmul_torch.json" $quick "${ab[@]}" >/dev/null 2>>"$OUT/bench.err" || rc=1
+  echo "Python harness: $((SECONDS - t2)) s"
+  grep -v "^[0-9]*x[0-9]*x[0-9]* .* bias=.*: algo" "$OUT/bench.err" | tail -4
   { echo "GPU: $gpu"; echo
     python3 "$B/bin/matmul_report.py" "$OUT/matmul_torch.json" "$OUT/matmul_ours.json"
   } > "$OUT/matmul_table.md"
   cat "$OUT/matmul_table.md"
 fi
+if [ $sanitize = 1 ]; then
+  CS=/usr/local/cuda/bin/compute-sanitizer
+  [ -x "$CS" ] || CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  limit=${MATMUL_SANITIZE_LIMIT_S:-120}
+  : >"$OUT/sanitizer_summary.txt"
+  echo "== compute-sanitizer ($("$CS" --version 2>/dev/null | grep -i version | head -1)); small test shapes"
+  # san NAME LIMIT_S TOOL [sanitizer options] TEST [test args]: one bounded run, its summary
+  # line and the distinct error lines it reported; the full log is $OUT/sanitize_NAME.log.
+  san() {
+    local name=$1 lim=$2 tool=$3; shift 3
+    local log="$OUT/sanitize_$name.log" start=$SECONDS
+    FUSEBOX_GPU_TEST_SMALL=1 timeout -k 10 "$lim" "$CS" --tool "$tool" --error-exitcode 3 "$@" \
+      >"$log" 2>&1
+    local r=$?
+    local summary tests_line note=""
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
+    tests_line=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$log" | tr -s ' ' | tr '\n' ' ')
+    [ $r = 124 ] || [ $r = 137 ] && note=" TIMED OUT after ${lim} s (raise MATMUL_SANITIZE_LIMIT_S)"
+    [ $r = 3 ] && note=" SANITIZER ERRORS"
+    echo "$name ($tool): exit $r in $((SECONDS - start)) s$note; ${summary:-no summary}; ${tests_line:-no test summary}" |
+      tee -a "$OUT/sanitizer_summary.txt"
+    grep -E "Invalid __|Invalid (global|shared|local)|Race reported|Hazard|Program hit|Barrier error|Misaligned|Out-of-range|\[  FAILED  \]" \
+      "$log" | sed 's/^=* *//; s/ at 0x[0-9a-f]*//; s/0x[0-9a-f]\{6,\}/ADDR/g' | sort | uniq -c | sort -rn | head -8
+    [ $r = 0 ] || rc=1
+  }
+  # memcheck: every matmul test (the 1000^3 shape left out by FUSEBOX_GPU_TEST_SMALL), and the
+  # backend module's tests except the ones that fault on purpose (death test, out-of-memory:
+  # API errors by design) or time themselves (concurrency, timings, 96 MiB transfers).
+  san memcheck_matmul "$limit" memcheck "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1
+  san memcheck_backend $((limit / 2)) memcheck "$B/bin/fusebox_gpu_cuda_backend_test" --gtest_brief=1 \
+    "--gtest_filter=-CudaBackendBroken.*:*OutOfMemory*:*LargeTransfers*:*Concurrent*:*TimingsMatchTheWork*"
+  # racecheck: shared-memory hazards in our own kernels only (WgmmaMatmulRelu: TMA + wgmma,
+  # MmaMatmulRelu: cp.async + mma.sync, SimtMatmulRelu: FFMA); cuBLASLt's kernels still run,
+  # unchecked, so the tests' comparisons stay meaningful.
+  san racecheck_tiled "$limit" racecheck --kernel-name kns=MatmulRelu \
+    "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"
+  if [ "${MATMUL_SYNCCHECK:-0}" = 1 ]; then
+    san synccheck_tiled "$limit" synccheck --kernel-name kns=MatmulRelu \
+      "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"
+  fi
+fi
+echo "run_matmul.sh: $((SECONDS - t0)) s, exit $rc"
 exit $rc

@@ -13,7 +13,8 @@
 //    creation: nothing is allocated per call). One runner per stream/thread.
 //    cuBLASLt's trace log on the H200 shows our call and PyTorch's
 //    _addmm_activation with the same descriptors and the same heuristic pick;
-//    the one difference is the workspace (torch 2.11 passes 1 MiB).
+//    the one difference is the workspace (torch 2.11 passes 1 MiB:
+//    kTorchWorkspaceBytes; NOTES-matmul.md lists every difference).
 //  - LaunchMatmulReluTiled (matmul_tiled.cu): our own tensor-core kernels for
 //    float16/bfloat16: wgmma + TMA (sm_90a) for large aligned problems,
 //    mma.sync m16n8k16 with a cp.async pipeline for everything else (any M,
@@ -32,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -60,7 +62,14 @@ std::shared_ptr<MatmulAlgoCache> NewMatmulAlgoCache();
 
 class CublasLtMatmul {
  public:
-  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+  // The workspace offered to cuBLASLt (its heuristic only returns algorithms
+  // that fit). 32 MiB is what cuBLAS recommends on Hopper and what runs 1-3
+  // measured; PyTorch 2.11 offers cuBLASLt 1 MiB (CUBLASLT_WORKSPACE_SIZE,
+  // default 1024 KiB). The default stays 32 MiB until run 4 has timed both
+  // side by side (NOTES-matmul.md); switching is this one line.
+  static constexpr size_t kLargeWorkspaceBytes = size_t{32} << 20;
+  static constexpr size_t kTorchWorkspaceBytes = size_t{1} << 20;
+  static constexpr size_t kDefaultWorkspaceBytes = kLargeWorkspaceBytes;
 
   // Creates the handle and the workspace on the current device. With
   // `autotune`, the first Run of a shape of >= 8 GFLOP times the heuristic's
@@ -81,6 +90,15 @@ class CublasLtMatmul {
   // Runs the heuristic for these arguments now (if not cached), so that a
   // later Run only launches. Enqueues nothing.
   absl::Status Prepare(const MatmulArgs& args);
+
+  // The algorithm Run would use for these arguments (planned now if not
+  // cached), for benchmarks and logs: cuBLASLt's algorithm id, tile, stages,
+  // split-K, reduction scheme, swizzle, custom option, inner and cluster
+  // shape ids, the workspace it needs, and a hash of the opaque algorithm
+  // (equal hashes: the same kernel and configuration). Enqueues nothing.
+  absl::StatusOr<std::string> DescribeAlgo(const MatmulArgs& args);
+
+  size_t workspace_bytes() const;
 
  private:
   struct Impl;

@@ -6,14 +6,17 @@
 // epilogue's bias vector (length = rows of D = N) lands on our columns.
 //
 // Cost per call: descriptors live on the stack (the *Init forms, no heap);
-// the heuristic runs once per (shape, dtype, bias, tf32, alignments) and is
-// cached; then one cublasLtMatmul launch. Optionally (Create's autotune),
+// the heuristic runs once per (shape, dtype, bias, tf32, alignments, workspace
+// size) and is cached; then one cublasLtMatmul launch. Optionally (Create's autotune),
 // problems of >= 8 GFLOP are tuned once: the heuristic's first 8 candidates
 // are timed on the first call's data and the fastest is cached. The workspace
-// (32 MiB) is allocated once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
+// (kDefaultWorkspaceBytes unless Create is given another size) is allocated
+// once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
 // which cuBLASLt does not do.
 #include <cublasLt.h>
 
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -67,10 +70,13 @@ struct AlgoKey {
   int dtype;
   bool bias, tf32;
   uint32_t align_a, align_b, align_c, align_bias;
+  // The workspace the runner offers: the heuristic only returns algorithms
+  // that fit, so runners with different sizes must not share an entry.
+  uint64_t workspace;
   bool operator==(const AlgoKey& o) const {
     return m == o.m && n == o.n && k == o.k && dtype == o.dtype && bias == o.bias &&
            tf32 == o.tf32 && align_a == o.align_a && align_b == o.align_b &&
-           align_c == o.align_c && align_bias == o.align_bias;
+           align_c == o.align_c && align_bias == o.align_bias && workspace == o.workspace;
   }
 };
 
@@ -79,7 +85,7 @@ struct AlgoKeyHash {
     size_t h = std::hash<int64_t>()(k.m);
     auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     mix(k.n); mix(k.k); mix(k.dtype); mix(k.bias); mix(k.tf32);
-    mix(k.align_a); mix(k.align_b); mix(k.align_c); mix(k.align_bias);
+    mix(k.align_a); mix(k.align_b); mix(k.align_c); mix(k.align_bias); mix(k.workspace);
     return h;
   }
 };
@@ -93,6 +99,7 @@ class MatmulAlgoCache {
   struct Entry {
     cublasLtMatmulAlgo_t algo;
     bool tuned;  // chosen by timing the heuristic's candidates, not just its first pick
+    size_t workspace_needed;  // what the algorithm uses of the runner's workspace
   };
   bool Find(const AlgoKey& key, Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -196,6 +203,7 @@ struct CublasLtMatmul::Plan {
   AlgoKey key;
   cublasLtMatmulAlgo_t algo;
   bool tuned = false;
+  size_t workspace_needed = 0;
 };
 
 namespace {
@@ -231,11 +239,12 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
   plan->key = AlgoKey{args.m, args.n, args.k, static_cast<int>(args.dtype), args.bias != nullptr,
                       compute == CUBLAS_COMPUTE_32F_FAST_TF32, Alignment(args.a),
                       Alignment(args.b), Alignment(args.out),
-                      args.bias ? Alignment(args.bias) : 256u};
+                      args.bias ? Alignment(args.bias) : 256u, impl_->workspace_bytes};
   MatmulAlgoCache::Entry entry;
   if (impl_->cache->Find(plan->key, &entry)) {
     plan->algo = entry.algo;
     plan->tuned = entry.tuned;
+    plan->workspace_needed = entry.workspace_needed;
     return absl::OkStatus();
   }
   cublasLtMatmulHeuristicResult_t result;
@@ -243,7 +252,8 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
   if (absl::Status s = Heuristic(plan, 1, &result, &found); !s.ok()) return s;
   plan->algo = result.algo;
   plan->tuned = 2.0 * args.m * args.n * args.k < kTuneFlops;  // small: nothing to tune
-  impl_->cache->Put(plan->key, {plan->algo, plan->tuned});
+  plan->workspace_needed = result.workspaceSize;
+  impl_->cache->Put(plan->key, {plan->algo, plan->tuned, plan->workspace_needed});
   return absl::OkStatus();
 }
 
@@ -308,10 +318,11 @@ absl::Status CublasLtMatmul::Tune(const MatmulArgs& args, Plan* plan, cudaStream
     if (best_ms < 0 || ms < best_ms) {
       best_ms = ms;
       plan->algo = results[i].algo;
+      plan->workspace_needed = results[i].workspaceSize;
     }
   }
   plan->tuned = true;
-  impl_->cache->Put(plan->key, {plan->algo, true});
+  impl_->cache->Put(plan->key, {plan->algo, true, plan->workspace_needed});
   return absl::OkStatus();
 }
 
@@ -320,6 +331,47 @@ absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args) {
   if (args.m == 0 || args.n == 0 || args.k == 0) return absl::OkStatus();
   Plan plan;
   return MakePlan(args, &plan);
+}
+
+size_t CublasLtMatmul::workspace_bytes() const { return impl_->workspace_bytes; }
+
+absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args) {
+  if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
+  if (args.m == 0 || args.n == 0 || args.k == 0) return std::string("none (empty or K=0: tiled)");
+  Plan plan;
+  if (absl::Status s = MakePlan(args, &plan); !s.ok()) return s;
+  const cublasLtMatmulAlgo_t& algo = plan.algo;
+  // Each attribute has its own width in cuBLASLt (int32, uint32, uint16);
+  // read into a zeroed 8-byte slot with the exact size cuBLASLt reports.
+  auto get = [&algo](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
+    uint64_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, nullptr, 0, &written) !=
+            CUBLAS_STATUS_SUCCESS ||
+        written == 0 || written > sizeof v ||
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, written, &written) !=
+            CUBLAS_STATUS_SUCCESS) {
+      return -1;
+    }
+    if (written == 4) return static_cast<long long>(static_cast<int32_t>(v & 0xffffffffu));
+    if (written == 2) return static_cast<long long>(v & 0xffffu);
+    return static_cast<long long>(v);
+  };
+  // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&algo);
+  for (size_t i = 0; i < sizeof algo; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "algo %lld tile %lld stages %lld splitk %lld reduction %lld swizzle %lld "
+                "custom %lld inner %lld cluster %lld ws_needed %zu hash %016" PRIx64 "%s",
+                get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID),
+                get(CUBLASLT_ALGO_CONFIG_STAGES_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+                get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), plan.workspace_needed, h,
+                plan.tuned && impl_->autotune ? " (timed)" : "");
+  return std::string(buf);
 }
 
 absl::Status CublasLtMatmul::Run(const MatmulArgs& args, cudaStream_t stream) {
