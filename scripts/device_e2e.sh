@@ -9,5 +9,5 @@ cmake --build build-dev -j"$(nproc)" --target fusebox-server fusebox_cuda_backen
   fusebox_gpu_bench_memory_bound
 scripts/device_bundle.sh build-dev/server/fusebox-server build-dev/server/libfusebox_cuda_backend.so \
   build-dev/bench/e2e/fusebox-e2e build-dev/bench/gpu/fusebox_gpu_bench_memory_bound \
-  bench/e2e/run_device.sh
-echo "device command: bash .bundle/bin/run_device.sh"
+  bench/e2e/run_e2e.sh
+echo "device command: bash .bundle/bin/run_e2e.sh"

@@ -1,5 +1,5 @@
 // fusebox-e2e: the real server, end to end, through the C++ client. Meant for
-// the H200 (bench/e2e/run_device.sh starts the server with the CUDA backend),
+// the H200 (bench/e2e/run_e2e.sh starts the server with the CUDA backend),
 // but runs against any server.
 //   1. correctness: every op x dtype, inline and by handle, odd shapes, against
 //      the fp64 reference (tests/reference.h), outputs checked for NaN/unwritten;
@@ -45,9 +45,9 @@ void Report(const std::string& what, const std::string& value, bool ok) {
   std::fflush(stdout);
 }
 
-std::string Fmt(const char* fmt, double a, double b = 0, double c = 0) {
+std::string Fmt(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, fmt, a, b, c);
+  std::snprintf(buf, sizeof buf, fmt, a, b, c, d);
   return buf;
 }
 
@@ -189,7 +189,7 @@ void CompareKernelTimes(fc::Client& c, const std::map<std::string, double>& benc
         Report("kernel time " + key, std::string(up.status().message()), false);
         continue;
       }
-      std::vector<double> us;
+      std::vector<double> us, launch;
       fc::CallOptions keep;
       keep.keep_on_server = true;
       for (int i = 0; i < 12; ++i) {
@@ -200,18 +200,23 @@ void CompareKernelTimes(fc::Client& c, const std::map<std::string, double>& benc
           break;
         }
         (void)c.FreeTensor(r->handle);
-        if (i >= 2) us.push_back(r->timing.kernel_us);  // first two: warm-up
+        if (i >= 2) {  // first two: warm-up
+          us.push_back(r->timing.kernel_us);
+          launch.push_back(r->timing.launch_us);
+        }
       }
       (void)c.FreeTensor(up->handle);
       if (us.empty()) continue;
-      const double med = Median(us);
+      const double med = Median(us), med_launch = Median(launch);
       g_json << "{\"kind\": \"kernel_time\", \"shape\": \"" << key << "\", \"server_us\": " << med
-             << ", \"bench_us\": " << (it == bench.end() ? 0.0 : it->second) << "},\n";
+             << ", \"launch_us\": " << med_launch << ", \"bench_us\": " << (it == bench.end() ? 0.0 : it->second)
+             << "},\n";
       if (it == bench.end()) {
         Report("kernel time " + key, Fmt("server %.1f us (no bench row)", med), false);
       } else {
         const double ratio = med / it->second;
-        Report("kernel time " + key, Fmt("server %.1f us / bench %.1f us = %.3f", med, it->second, ratio),
+        Report("kernel time " + key,
+               Fmt("server %.1f us / bench %.1f us = %.3f (launch %.1f us)", med, it->second, ratio, med_launch),
                std::fabs(ratio - 1) <= 0.10);
       }
     }
