@@ -94,11 +94,6 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
-  for (D d : {D::kFloat32, D::kBFloat16}) {
-    add("rowsum", {262144, 128}, d, Choice(0, 4, 0, 256, 0, -1), "rows u=4 8 blocks/SM");
-    add("rowsum", {262144, 128}, d, Choice(8, 4, 0, 256, 0, -1), "rows tpr=8 u=4 8 blocks/SM");
-    add("rowsum", {65536, 1024}, d, Choice(0, 4, 0, 256, 0, -1), "rows u=4 8 blocks/SM");
-  }
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
   return v;
 }

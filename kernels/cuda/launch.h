@@ -40,8 +40,7 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 // cudaErrorInvalidValue.
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
-//                     for the pipelined kernel); short-row row sum: 8, or 4 (registers capped
-//                     for 8 blocks of 256 threads per SM)
+//                     for the pipelined kernel)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
 //   threads           long-row kernels: threads per block (multiple of 32, <= 512); short-row
 //                     row sum: threads per block (256, 512 or 1024)

@@ -6,8 +6,6 @@
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc < 1024): a group of `tpr` lanes (4..32) per row, each lane summing every
 //    tpr-th access, kUnroll loads in flight; shuffle reduction in the group; 256-thread blocks.
-//    (KernelChoice::vectors_per_thread = 4: 4 loads in flight and registers capped so that 8
-//    blocks fit an SM, for rows too short to fill an SM's loads otherwise.)
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster); each block sums its
 //    chunk, the cluster's block 0 adds the C partial sums from distributed shared memory in rank
 //    order (deterministic, no atomics, no workspace) and writes the row's result.
@@ -36,42 +34,41 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
   return s;
 }
 
-// Sums accesses first, first + step, ... < n of src, U loads in flight.
-template <typename T, int W, int U = kUnroll>
+// Sums accesses first, first + step, ... < n of src, kUnroll loads in flight.
+template <typename T, int W>
 __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step,
                                             bool cs) {
   using R = typename Pack<T, W>::Raw;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int a = first;
-  for (; a + (U - 1) * step < n; a += U * step) {
-    R x[U];
+  for (; a + (kUnroll - 1) * step < n; a += kUnroll * step) {
+    R x[kUnroll];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = LoadHint(cs, src + a + u * step);
+    for (int u = 0; u < kUnroll; ++u) x[u] = LoadHint(cs, src + a + u * step);
 #pragma unroll
-    for (int u = 0; u < U; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
+    for (int u = 0; u < kUnroll; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
   }
   // Tail: still issue the loads together.
-  R x[U];
+  R x[kUnroll];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     if (a + u * step < n) x[u] = LoadHint(cs, src + a + u * step);
   }
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
+  for (int u = 0; u < kUnroll; ++u) {
     if (a + u * step < n) acc[u & 3] += SumAccess<T, W>(x[u]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-// MinBlocks > 1: 256-thread blocks only, registers capped for MinBlocks of them per SM.
-template <typename T, int W, int U, int MinBlocks>
-__global__ __launch_bounds__(MinBlocks > 1 ? 256 : 1024, MinBlocks) void RowSumSmallKernel(
-    const T* in, float* out, int64_t rows, int nacc, int tpr, bool cs) {
+template <typename T, int W>
+__global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
+                                                          int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
   float s = 0.f;
-  if (row < rows) s = StridedSum<T, W, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
+  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
 }
@@ -111,7 +108,6 @@ struct Plan {
   bool small = false;
   int nacc = 0;
   int tpr = 0;
-  int unroll = kUnroll;  // short rows: loads in flight per lane (8, or 4 with capped registers)
   int csize = 1, threads = kThreads, chunk = 0;
   bool cs = true;
 };
@@ -126,7 +122,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;
   // 1024 accesses (16 KiB) and longer: a block per row beats a warp per row (bf16 8192 columns:
-  // 3984 vs 3776 GB/s, NOTES.md).
+  // 4011 vs 3888 GB/s in one run, NOTES.md run 4).
   p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
   if (p->small) {
     // One lane per 64 elements, at least 4 and at most 32 (measured best on the H200 for 128,
@@ -135,9 +131,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
-    p->unroll = k.vectors_per_thread ? k.vectors_per_thread : kUnroll;
-    if (p->unroll != 4 && p->unroll != kUnroll) return cudaErrorInvalidValue;
-    if (p->unroll == 4 && p->threads != 256) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
@@ -156,12 +149,7 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    const unsigned g = static_cast<unsigned>(blocks);
-    if (p.unroll == 4) {
-      RowSumSmallKernel<T, W, 4, 8><<<g, p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
-    } else {
-      RowSumSmallKernel<T, W, kUnroll, 1><<<g, p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
-    }
+    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
@@ -221,8 +209,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
-                  p.unroll, p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
+                  p.cs ? "cs" : "plain");
   } else {
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
                   p.cs ? "cs" : "plain");
