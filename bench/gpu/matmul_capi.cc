@@ -4,13 +4,16 @@
 // between two programs. Benchmark-only; the server never loads this.
 //
 // impl codes (fusebox_bench_matmul's `impl`):
-//   0  cuBLASLt as the server runs it: heuristic's first pick, kDefaultWorkspaceBytes
+//   0  cuBLASLt as the server runs it: kDefaultWorkspaceBytes (32 MiB), the
+//      default policy (two picks: the heuristic's 32 MiB and 1 MiB first picks,
+//      timed against each other once per key where they differ)
 //   1  tiled kernel, automatic choice (wgmma where it applies, else mma.sync / FFMA)
 //   2  tiled kernel forced to mma.sync
-//   3  cuBLASLt with the heuristic's candidates timed (Create's autotune), default workspace
+//   3  cuBLASLt with the heuristic's candidates timed (kAutotune), default workspace
 //   4  cuBLASLt, heuristic's first pick, 1 MiB workspace (PyTorch 2.11's cuBLASLt default)
-//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace (runs 1-3)
-//   6  cuBLASLt, heuristic's first pick, no workspace (only algorithms that need none)
+//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace (the default of runs 1-4)
+//   6  cuBLASLt, heuristic's first pick, no workspace (never better in run 4; not in the
+//      harness's A/B rounds any more)
 // Each cuBLASLt code has its own runner, workspace and algorithm cache, so a
 // code's choice never leaks into another's. Single-threaded use only.
 #include <cuda_runtime.h>
@@ -42,6 +45,14 @@ int64_t WorkspaceOf(int impl) {
   }
 }
 
+fc::LtAlgoPolicy PolicyOf(int impl) {
+  switch (impl) {
+    case 0: return fc::LtAlgoPolicy::kTwoPicks;
+    case 3: return fc::LtAlgoPolicy::kAutotune;
+    default: return fc::LtAlgoPolicy::kFirstPick;
+  }
+}
+
 fc::CublasLtMatmul* Runner(int impl) {
   static std::unique_ptr<fc::CublasLtMatmul> runners[kNumImpls];
   static bool tried[kNumImpls] = {};
@@ -49,7 +60,7 @@ fc::CublasLtMatmul* Runner(int impl) {
   if (!tried[impl]) {
     tried[impl] = true;
     auto r = fc::CublasLtMatmul::Create(fc::NewMatmulAlgoCache(),
-                                        static_cast<size_t>(WorkspaceOf(impl)), impl == 3);
+                                        static_cast<size_t>(WorkspaceOf(impl)), PolicyOf(impl));
     if (r.ok()) runners[impl] = std::move(*r);
   }
   return runners[impl].get();
@@ -95,17 +106,21 @@ extern "C" __attribute__((visibility("default"))) int64_t fusebox_bench_workspac
 }
 
 // Writes the algorithm a cuBLASLt impl code uses for these arguments into buf
-// (NUL-terminated, truncated to len), planning it if needed; enqueues nothing.
-// Returns 0 on success, 1 on failure (the message is written to buf).
+// (NUL-terminated, truncated to len), with how it was chosen ("choice ...",
+// matmul.h's CublasLtMatmul::DescribeAlgo). On a first call of the key it is
+// chosen now, as the first Run would: code 0 may time its two picks on
+// `stream`, writing `out`. Returns 0 on success, 1 on failure (the message is
+// written to buf).
 extern "C" __attribute__((visibility("default"))) int fusebox_bench_matmul_algo(
     int dtype, int64_t m, int64_t n, int64_t k, const void* a, const void* b, const void* bias,
-    void* out, int allow_tf32, int impl, char* buf, int len) {
+    void* out, int allow_tf32, int impl, void* stream, char* buf, int len) {
   if (buf == nullptr || len <= 0) return 1;
   std::string text;
   int rc = 1;
   if (auto* r = Runner(impl); r == nullptr) {
     text = "not a cuBLASLt impl code, or its runner failed to start";
-  } else if (auto d = r->DescribeAlgo(Args(dtype, m, n, k, a, b, bias, out, allow_tf32));
+  } else if (auto d = r->DescribeAlgo(Args(dtype, m, n, k, a, b, bias, out, allow_tf32),
+                                      static_cast<cudaStream_t>(stream));
              d.ok()) {
     text = *d;
     rc = 0;

@@ -1,8 +1,11 @@
 """Tables from matmul_torch.py (ours via ctypes and the torch peers, one harness, one process)
 and matmul_bench (ours alone, C++ with CUDA events: a cross-check of the same kernels).
-Rows with "ab_round" (matmul_torch.py's A/B rounds: our cuBLASLt path with each workspace size
-beside the default and torch._addmm_activation, interleaved) get a table of their own that
-names the winner per shape, dtype and bias.
+Rows with "ab_round" (matmul_torch.py's A/B rounds: our default cuBLASLt runner -- two picks --
+beside the 32 MiB and the 1 MiB first picks and torch._addmm_activation, interleaved) get a table
+of their own that names the winner per shape, dtype and bias and how close the default (two picks)
+came to the better of the two first picks. The default's choice per case (picks agree, or timed:
+which won, by how much) is listed from the main pass's "algo" strings. Rows of run 4 (runners
+labelled by workspace only) still load.
 
 Targets (issue 3): cuBLASLt path with bias >= 0.98x torch._addmm_activation, without bias
 >= 1.0x torch relu(a@b), on every shape and dtype; tiled kernel >= 0.5x our cuBLASLt path on
@@ -45,12 +48,55 @@ def median(xs):
 
 
 def ws_label(impl, rows):
-    """'default 32 MiB' / '1 MiB' / '0' from a variant's workspace_bytes."""
+    """A variant's label: its "label" field (run 5 on), else 'Lt default 32 MiB' / 'Lt 1 MiB' /
+    'Lt no workspace' from its workspace_bytes (run 4)."""
+    label = next((r["label"] for r in rows if r.get("label")), None)
+    if label:
+        return label
     ws = next((r.get("workspace_bytes") for r in rows if r.get("workspace_bytes") is not None), None)
     if ws is None:
         return impl
     size = f"{ws >> 20} MiB" if ws and ws % (1 << 20) == 0 else f"{ws} B" if ws else "no workspace"
-    return f"default {size}" if impl == "cublaslt" else size
+    return f"Lt default {size}" if impl == "cublaslt" else f"Lt {size}"
+
+
+def algo_field(a, name):
+    """A 'name value' field of an algo string (None if absent), e.g. 'choice', 'timed_ms'."""
+    if not a:
+        return None
+    toks = a.split()
+    for i, t in enumerate(toks[:-1]):
+        if t == name:
+            return toks[i + 1]
+    return None
+
+
+def choice_report(py):
+    """The default runner's choice per main-pass case: whether the 32 MiB and 1 MiB picks agreed
+    and, where they differed, the timed medians (warm L2) and which one it kept."""
+    rows = sorted((r for r in py.values() if r["impl"] == "cublaslt" and r.get("algo")),
+                  key=lambda r: (r["m"] * r["n"] * r["k"], (r["m"], r["n"], r["k"]),
+                                 MODES.index(r["mode"]), not r["bias"]))
+    if not rows or not any(algo_field(r["algo"], "choice") for r in rows):
+        return
+    print()
+    print("## Our default cuBLASLt runner's choice (two picks: the heuristic's first pick for 32 MiB "
+          "and for 1 MiB of workspace; timed once, warm L2, where they differ)")
+    print()
+    print("| MxNxK | dtype | bias | choice | 32 MiB pick ms | 1 MiB pick ms | 1 MiB vs 32 MiB |")
+    print("|---|---|---|---|---|---|---|")
+    counts = {}
+    for r in rows:
+        choice = algo_field(r["algo"], "choice") or "-"
+        counts[choice] = counts.get(choice, 0) + 1
+        timed = (algo_field(r["algo"], "timed_ms") or "").split("/")
+        ms = [float(x) for x in timed] if len(timed) == 2 else [0.0, 0.0]
+        gain = f"{100 * (ms[0] / ms[1] - 1):+.1f}%" if ms[0] > 0 and ms[1] > 0 else "-"
+        cell = lambda v: f"{v:.4f}" if v > 0 else "-"
+        print(f"| {r['m']}x{r['n']}x{r['k']} | {r['mode']} | {'yes' if r['bias'] else 'no'} | "
+              f"{choice} | {cell(ms[0])} | {cell(ms[1])} | {gain} |")
+    print()
+    print("choices: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
 
 
 def algo_hash(a):
@@ -76,16 +122,17 @@ def ab_report(ab):
     impls = sorted(impls, key=lambda i: (i != "cublaslt", -ws[i], i))  # default, then largest first
     labels = {i: ws_label(i, by_impl[i]) for i in impls}
     print()
-    print("## A/B rounds: our cuBLASLt path by workspace size, interleaved with torch "
+    print("## A/B rounds: our cuBLASLt runners interleaved with torch "
           "(TFLOP/s, median over rounds; [x] = median per-round ratio to _addmm_activation)")
     print()
-    head = " | ".join(f"Lt {labels[i]}" for i in impls)
-    print(f"| MxNxK | dtype | bias | rounds | torch addmm_act | {head} | best of ours | "
-          f"best vs default | default spread | algorithms |")
-    print("|" + "---|" * (9 + len(impls)))
+    head = " | ".join(labels[i] for i in impls)
+    print(f"| MxNxK | dtype | bias | why | rounds | torch addmm_act | {head} | best of ours | "
+          f"best vs default | default / best other | default spread | algorithms |")
+    print("|" + "---|" * (11 + len(impls)))
     cases = sorted({(r["m"], r["n"], r["k"], r["mode"], r["bias"]) for r in timed},
                    key=lambda c: (c[0] * c[1] * c[2], c[:3], MODES.index(c[3]), not c[4]))
     tally = {i: {"win": 0, "loss": 0, "tie": 0, "ge098": 0, "n_bias": 0} for i in impls}
+    near_best = [0, 0]  # cases where the default is within 1% of the best other runner, cases
     lines = []
     for (m, n, k, mode, bias) in cases:
         rs = [r for r in timed if (r["m"], r["n"], r["k"], r["mode"], r["bias"]) == (m, n, k, mode, bias)]
@@ -117,8 +164,18 @@ def ab_report(ab):
                     tally[i][key] += 1
         else:
             verdict = "-"
+        others = [med[i] for i in impls[1:] if med.get(i)]
+        if d and others:
+            vs_best = d / max(others)
+            near_best[0] += vs_best >= 0.99
+            near_best[1] += 1
+            vs_best_cell = f"{vs_best:.3f}"
+        else:
+            vs_best_cell = "-"
         vals = list(per.get("cublaslt", {}).values())
         spread = f"{100 * (max(vals) - min(vals)) / median(vals):.1f}%" if len(vals) > 1 else "-"
+        why = next((r.get("ab_why") for r in ab if (r["m"], r["n"], r["k"], r["mode"], r["bias"]) ==
+                    (m, n, k, mode, bias) and r.get("ab_why")), "-")
         algos = {i: next((r.get("algo") for r in by_impl[i] if (r["m"], r["n"], r["k"], r["mode"],
                  r["bias"]) == (m, n, k, mode, bias) and r.get("algo")), None) for i in impls}
         d_algo = algos.get("cublaslt")
@@ -130,18 +187,23 @@ def ab_report(ab):
         same = ("differ: " + ", ".join(differ) if differ else
                 "same config, hash differs: " + ", ".join(opaque) if opaque else "same")
         tt = median(list(torch_t.values()))
-        print(f"| {m}x{n}x{k} | {mode} | {'yes' if bias else 'no'} | {len(rounds)} | {fmt(tt)} | "
-              + " | ".join(cells)
-              + f" | {labels[best] if best else '-'} | {verdict} | {spread} | {same} |")
+        print(f"| {m}x{n}x{k} | {mode} | {'yes' if bias else 'no'} | {why} | {len(rounds)} | "
+              f"{fmt(tt)} | " + " | ".join(cells)
+              + f" | {labels[best] if best else '-'} | {verdict} | {vs_best_cell} | {spread} | "
+              f"{same} |")
     print()
     for i in impls[1:]:
         t = tally[i]
-        lines.append(f"Lt {labels[i]} vs the default ({labels['cublaslt']}): faster by >= 1% on "
-                     f"{t['win']}, slower by >= 1% on {t['loss']}, within 1% on {t['tie']} cases")
+        lines.append(f"{labels[i]} vs the default ({labels.get('cublaslt', 'cublaslt')}): faster "
+                     f"by >= 1% on {t['win']}, slower by >= 1% on {t['loss']}, within 1% on "
+                     f"{t['tie']} cases")
+    if near_best[1]:
+        lines.append(f"the default within 1% of the best other runner (or better) on "
+                     f"{near_best[0]}/{near_best[1]} cases")
     for i in impls:
         t = tally[i]
         if t["n_bias"]:
-            lines.append(f"Lt {labels[i]} with bias: >= 0.98x _addmm_activation on "
+            lines.append(f"{labels[i]} with bias: >= 0.98x _addmm_activation on "
                          f"{t['ge098']}/{t['n_bias']} (median per-round ratio)")
     for ln in lines:
         print(ln)
@@ -158,11 +220,11 @@ def ab_report(ab):
             diff_cases.append(((m, n, k, mode, bias), al))
     if diff_cases:
         print()
-        print("Algorithms where the workspace size changed cuBLASLt's pick:")
+        print("Algorithms where our runners disagree:")
         print()
         for (m, n, k, mode, bias), al in diff_cases:
             for i in impls:
-                print(f"- {m}x{n}x{k} {mode} bias={'yes' if bias else 'no'} Lt {labels[i]}: {al[i]}")
+                print(f"- {m}x{n}x{k} {mode} bias={'yes' if bias else 'no'} {labels[i]}: {al[i]}")
     return lines
 
 
@@ -182,6 +244,8 @@ def main():
     misses, bad = [], [r for r in py.values() if r.get("check") == "FAIL"]
     bad += [r for r in cpp.values() if r.get("check") == "FAIL"]
     print("TFLOP/s, median, L2 flushed; ours and torch timed by one do_bench harness in one process.")
+    print()
+    print("ours Lt = our default cuBLASLt runner (32 MiB workspace, two picks).")
     print()
     print("| MxNxK | dtype | ours Lt | torch relu(a@b) | ratio | ours Lt+bias | torch addmm_act "
           "| ratio | tiled+bias | tiled/Lt | mma.sync+bias |")
@@ -219,6 +283,7 @@ def main():
                 print(f"| {s[0]}x{s[1]}x{s[2]} | {mode} | {fmt(t('cublaslt', False))} | "
                       f"{fmt(t('cublaslt', True))} | {fmt(t('tiled', True))} | "
                       f"{fmt(t('tiled_mma', True))} |")
+    choice_report(py)
     ab_report(ab)
     ab_checked = [r for r in ab if "check" in r]
     bad += [r for r in ab_checked if r.get("check") == "FAIL"]

@@ -12,17 +12,22 @@ dtype run back to back, so clock and temperature drift affect them alike. fp32 r
 exact ("highest") and TF32 ("high"). Correctness on the same inputs: ours vs
 relu(a @ b + bias) in float64 on the GPU (relative L2 error), and NaN-free.
 
-A/B rounds (run 4): after the main pass of a shape and dtype, our cuBLASLt path with each
-workspace size that differs from the server's default (1 MiB = PyTorch's cuBLASLt default,
-32 MiB = runs 1-3, 0 = no workspace) runs beside the default and, with bias, beside
-torch._addmm_activation: --ab-rounds rounds, each variant once per round (do_bench, ~40 ms),
-the order rotated every round so that no variant always runs first or last. Rows carry
-"ab_round" and the algorithm cuBLASLt picked for that runner ("algo": id, tile, stages,
-split-K, ..., and a hash of the opaque algorithm: equal hashes, same kernel and configuration).
---ab missed limits the rounds to the six shape/dtype pairs that missed in run 3.
+"ours Lt" is the server's default runner: 32 MiB workspace, two picks (the heuristic's first pick
+for a 32 MiB and for a 1 MiB workspace preference, timed against each other once per key where they
+differ; matmul.h). Its "algo" field says which pick it took ("choice ...", with the timed ms).
 
-One JSON object per line. Cost: about 40 s on an H200, plus ~45 s for the A/B rounds (all;
-~15 s with --ab missed).
+A/B rounds (run 5): after the main pass of a shape and dtype, "Lt default (two picks)" beside
+"Lt 32 MiB first pick" and "Lt 1 MiB first pick" (PyTorch's cuBLASLt workspace) and, with bias,
+torch._addmm_activation: --ab-rounds rounds, each variant once per round (do_bench, ~40 ms), the
+order rotated every round so that no variant always runs first or last. Rows carry "ab_round",
+"label" and the algorithm cuBLASLt picked for that runner ("algo": id, tile, stages, split-K, ...,
+a hash of the opaque algorithm -- equal hashes, same kernel and configuration -- and the choice).
+--ab missed (the default) runs them only for a (shape, dtype, bias) where the 32 MiB and the 1 MiB
+first picks differ (the fp32/tf32 cases where the two-pick timing decides something) or where the
+main pass missed 0.98x torch._addmm_activation with bias; --ab all for every case.
+
+One JSON object per line. Cost: about 40 s on an H200, plus ~2 s per A/B case (--ab missed: ~10-16
+cases; --ab all: 40).
 
 usage: python3 matmul_torch.py --capi PATH/libfusebox_matmul_capi.so [--json FILE] [--quick]
            [--ab all|missed|none] [--ab-rounds N] [--ab-rep MS]
@@ -40,12 +45,18 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4000, 4000, 4000), (16384, 16
 MODES = [("fp32", torch.float32, "highest", 1), ("tf32", torch.float32, "high", 1),
          ("fp16", torch.float16, "highest", 2), ("bf16", torch.bfloat16, "highest", 3)]
 TOL = {"fp32": 1e-5, "tf32": 3e-3, "fp16": 3e-3, "bf16": 1e-2}
-# Shape/dtype pairs below 0.98x torch._addmm_activation in run 3 (results/matmul-2026-11-29.md).
-MISSED = {((64, 4096, 4096), "tf32"), ((4096, 4096, 4096), "fp16")} | {
-    ((16384, 16384, 256), mode) for mode in ("fp32", "tf32", "fp16", "bf16")}
 # impl codes of libfusebox_matmul_capi (matmul_capi.cc): 0 is the server's default runner.
-LT_DEFAULT = ("cublaslt", 0)
-LT_WORKSPACE_VARIANTS = [("cublaslt_ws1m", 4), ("cublaslt_ws32m", 5), ("cublaslt_ws0", 6)]
+LT_DEFAULT = ("cublaslt", 0, "Lt default (two picks)")
+LT_FIRST_32M = ("cublaslt_first32m", 5, "Lt 32 MiB first pick")
+LT_FIRST_1M = ("cublaslt_first1m", 4, "Lt 1 MiB first pick")
+LT_VARIANTS = [LT_DEFAULT, LT_FIRST_32M, LT_FIRST_1M]
+# --ab missed: also every bias case below this ratio to _addmm_activation in the main pass.
+BIAS_TARGET = 0.98
+
+
+def algo_hash(a):
+    """The opaque-algorithm hash of an algo string (None if absent)."""
+    return a.split(" hash ")[1].split()[0] if a and " hash " in a else None
 
 
 def main():
@@ -53,7 +64,7 @@ def main():
     ap.add_argument("--capi", required=True)
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--ab", choices=("all", "missed", "none"), default="all")
+    ap.add_argument("--ab", choices=("all", "missed", "none"), default="missed")
     ap.add_argument("--ab-rounds", type=int, default=3)
     ap.add_argument("--ab-rep", type=float, default=40.0, help="do_bench rep (ms) in A/B rounds")
     args = ap.parse_args()
@@ -72,11 +83,11 @@ def main():
     ws_of.argtypes = [ctypes.c_int]
     algo_of = lib.fusebox_bench_matmul_algo
     algo_of.restype = ctypes.c_int
-    algo_of.argtypes = fn.argtypes[:10] + [ctypes.c_char_p, ctypes.c_int]
+    algo_of.argtypes = fn.argtypes + [ctypes.c_char_p, ctypes.c_int]  # ..., impl, stream, buf, len
     default_ws = ws_of(LT_DEFAULT[1])
-    lt_variants = [LT_DEFAULT] + [(nm, c) for nm, c in LT_WORKSPACE_VARIANTS if ws_of(c) != default_ws]
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}; our default cuBLASLt "
-          f"workspace {default_ws} B; A/B variants {[nm for nm, _ in lt_variants]}", file=sys.stderr)
+          f"workspace {default_ws} B, two picks; A/B variants {[lb for _, _, lb in LT_VARIANTS]}",
+          file=sys.stderr)
     failures = 0
 
     def emit(row):
@@ -115,9 +126,12 @@ def main():
                 return run
 
             def algo(impl, with_bias):
+                """The algorithm of a cuBLASLt code; chosen now on a first call (code 0 may time
+                its two picks on the current stream, writing c)."""
                 buf = ctypes.create_string_buffer(512)
                 algo_of(code, m, n, k, a.data_ptr(), b.data_ptr(),
-                        bias.data_ptr() if with_bias else None, c.data_ptr(), tf32, impl, buf, 512)
+                        bias.data_ptr() if with_bias else None, c.data_ptr(), tf32, impl,
+                        torch.cuda.current_stream().cuda_stream, buf, 512)
                 return buf.value.decode()
 
             def check(run, with_bias, row):
@@ -144,6 +158,7 @@ def main():
                 variants.append(("tiled", True, ours(1, True), None))
             if name in ("fp16", "bf16"):
                 variants.append(("tiled_mma", True, ours(2, True), None))
+            main_tflops = {}  # (impl, bias) -> tflops of the main pass
             for impl, with_bias, run, lt_code in variants:
                 row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n, "k": k}
                 if lt_code is not None:
@@ -152,19 +167,39 @@ def main():
                     check(run, with_bias, row)
                 ms = do_bench(run, warmup=25, rep=100, return_mode="median")
                 row.update(median_ms=ms, tflops=flops / (ms * 1e9))
+                main_tflops[(impl, with_bias)] = row["tflops"]
                 emit(row)
 
-            ab = args.ab == "all" or args.quick or (args.ab == "missed" and ((m, n, k), name) in MISSED)
-            if ab and args.ab_rounds > 0 and len(lt_variants) > 1:
+            def ab_wanted(with_bias):
+                """--ab missed: the two first picks differ, or the bias target missed."""
+                if args.ab == "all" or args.quick:
+                    return True, "all"
+                if args.ab == "none":
+                    return False, ""
+                h32 = algo_hash(algo(LT_FIRST_32M[1], with_bias))
+                h1 = algo_hash(algo(LT_FIRST_1M[1], with_bias))
+                if h32 != h1:
+                    return True, "picks differ"
+                lt_b = main_tflops.get(("cublaslt", True))
+                ta = main_tflops.get(("torch_addmm_activation", True))
+                if with_bias and lt_b and ta and lt_b / ta < BIAS_TARGET:
+                    return True, f"bias missed ({lt_b / ta:.3f})"
+                return False, ""
+
+            if args.ab_rounds > 0:
                 for with_bias in (True, False):
+                    wanted, why = ab_wanted(with_bias)
+                    if not wanted:
+                        continue
                     vs = []  # (impl, run, lt_code)
                     if with_bias:
                         vs.append(("torch_addmm_activation",
                                    lambda: torch._addmm_activation(bias, a, b), None))
                     info = {}
-                    for impl, lt_code in lt_variants:
+                    for impl, lt_code, label in LT_VARIANTS:
                         run = ours(lt_code, with_bias)
-                        meta = {"workspace_bytes": ws_of(lt_code), "algo": algo(lt_code, with_bias)}
+                        meta = {"workspace_bytes": ws_of(lt_code), "algo": algo(lt_code, with_bias),
+                                "label": label, "ab_why": why}
                         # One row per variant with ab_round -1: its correctness check (the
                         # default was checked in the main pass) or the error that dropped it.
                         row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n,

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # One device-machine call for the matmul work: GPU tests (matmul + CUDA backend module), then
 # the C++ benchmark (ours alone), then the Python harness (ours via ctypes beside the torch peers,
-# one process, with the A/B rounds of our cuBLASLt workspace sizes), then the tables, then
-# compute-sanitizer: memcheck over both test binaries, racecheck over our tiled kernels.
-# Builds nothing: bundle first (see NOTES-matmul.md; scripts/device_matmul.sh does both).
+# one process, with the A/B rounds: our default cuBLASLt runner -- two picks -- beside the 32 MiB
+# and the 1 MiB first picks), then the tables, then compute-sanitizer: memcheck over both test
+# binaries (everything, cuBLASLt included); racecheck over our tiled kernels only, no cuBLASLt
+# call at all (racecheck cannot run cuBLASLt's kernels: run 4), as two runs with two logs -- the
+# TMA/wgmma kernel, then the mma.sync and FFMA kernels -- so a sanitizer failure in one cannot
+# hide the other (FUSEBOX_MATMUL_TEST_IMPLS selects them in the test binary).
+# Builds nothing: bundle first (scripts/device_all.sh).
 # Writes to $OUT: the two test logs, matmul_ours.json, matmul_torch.json, bench.err,
 # matmul_table.md, sanitize_*.log and sanitizer_summary.txt.
-# Cost: ~0.5 min tests + C++ bench, ~1.5 min Python harness (A/B rounds on all 20 pairs),
-# ~1-1.5 min sanitizers (each bounded by `timeout`): ~3.5-4 min of device time.
+# Cost: ~0.5 min tests + C++ bench, ~1 min Python harness (A/B rounds only where the 32 MiB and
+# 1 MiB picks differ or the bias target missed: --ab missed, the default), ~1-1.5 min sanitizers
+# (each bounded by `timeout`): ~3 min of device time.
 #
 # usage (on the device): bench/gpu/run_matmul.sh BUNDLE_DIR [--quick] [--no-tests] [--no-bench]
 #   [--no-cpp] (skip the C++ cross-check) [--no-backend-test] [--no-sanitize] [--sanitize-only]
-#   [--ab all|missed|none] [--ab-rounds N] (A/B rounds, passed to matmul_torch.py)
-# env: MATMUL_SANITIZE_LIMIT_S (default 120: memcheck/racecheck of the matmul test; the backend
-#   test gets half), MATMUL_SYNCCHECK=1 adds synccheck over the tiled kernels.
+#   [--ab all|missed|none] [--ab-rounds N] (A/B rounds, passed to matmul_torch.py; default missed)
+# env: MATMUL_SANITIZE_LIMIT_S (default 120: memcheck of the matmul test and each racecheck run;
+#   the backend test gets half), MATMUL_SYNCCHECK=1 adds synccheck over the tiled kernels,
+#   COMMIT (printed in the table's header).
 set -uo pipefail
 B=${1:?bundle dir}; shift
 quick=""; tests=1; bench=1; cpp=1; sanitize=1; ab=(); suites="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test"
@@ -42,7 +48,7 @@ if [ $tests = 1 ]; then
     timeout 120 "$B/bin/$t" --gtest_brief=1 >"$OUT/$t.log" 2>&1; r=$?
     [ $r = 0 ] || rc=1
     [ $r = 124 ] && { echo "$t timed out (a kernel hang?): stopping"; tail -5 "$OUT/$t.log"; exit 1; }
-    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rel_error|Expected|Which is|error|us,|ms," "$OUT/$t.log" | head -40
+    grep -E "^\[  (PASSED|FAILED|SKIPPED)|Failure|rel_error|Expected|Which is|error|us,|ms,|two picks|matmul runs:" "$OUT/$t.log" | head -40
     echo "$t: exit $r"
   done
   echo "tests: $((SECONDS - t0)) s"
@@ -59,7 +65,7 @@ if [ $bench = 1 ]; then
     --json "$OUT/matmul_torch.json" $quick "${ab[@]}" >/dev/null 2>>"$OUT/bench.err" || rc=1
   echo "Python harness: $((SECONDS - t2)) s"
   grep -v "^[0-9]*x[0-9]*x[0-9]* .* bias=.*: algo" "$OUT/bench.err" | tail -4
-  { echo "GPU: $gpu"; echo
+  { echo "GPU: $gpu${COMMIT:+; commit $COMMIT}"; echo
     python3 "$B/bin/matmul_report.py" "$OUT/matmul_torch.json" "$OUT/matmul_ours.json"
   } > "$OUT/matmul_table.md"
   cat "$OUT/matmul_table.md"
@@ -70,38 +76,46 @@ if [ $sanitize = 1 ]; then
   limit=${MATMUL_SANITIZE_LIMIT_S:-120}
   : >"$OUT/sanitizer_summary.txt"
   echo "== compute-sanitizer ($("$CS" --version 2>/dev/null | grep -i version | head -1)); small test shapes"
-  # san NAME LIMIT_S TOOL [sanitizer options] TEST [test args]: one bounded run, its summary
-  # line and the distinct error lines it reported; the full log is $OUT/sanitize_NAME.log.
+  # san NAME LIMIT_S IMPLS TOOL [sanitizer options] TEST [test args]: one bounded run with
+  # FUSEBOX_MATMUL_TEST_IMPLS=IMPLS (the matmul test's kernel selection; the backend test ignores
+  # it), its summary line, the test's run counts and the distinct error lines it reported; the
+  # full log is $OUT/sanitize_NAME.log.
   san() {
-    local name=$1 lim=$2 tool=$3; shift 3
+    local name=$1 lim=$2 impls=$3 tool=$4; shift 4
     local log="$OUT/sanitize_$name.log" start=$SECONDS
-    FUSEBOX_GPU_TEST_SMALL=1 timeout -k 10 "$lim" "$CS" --tool "$tool" --error-exitcode 3 "$@" \
-      >"$log" 2>&1
+    FUSEBOX_GPU_TEST_SMALL=1 FUSEBOX_MATMUL_TEST_IMPLS=$impls timeout -k 10 "$lim" \
+      "$CS" --tool "$tool" --error-exitcode 3 "$@" >"$log" 2>&1
     local r=$?
-    local summary tests_line note=""
+    local summary tests_line runs note=""
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|SYNCCHECK SUMMARY" "$log" | tail -1 | sed 's/^=* *//')
     tests_line=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$log" | tr -s ' ' | tr '\n' ' ')
+    runs=$(grep -E "^matmul runs:" "$log" | tail -1)
     [ $r = 124 ] || [ $r = 137 ] && note=" TIMED OUT after ${lim} s (raise MATMUL_SANITIZE_LIMIT_S)"
     [ $r = 3 ] && note=" SANITIZER ERRORS"
-    echo "$name ($tool): exit $r in $((SECONDS - start)) s$note; ${summary:-no summary}; ${tests_line:-no test summary}" |
+    echo "$name ($tool, impls $impls): exit $r in $((SECONDS - start)) s$note; ${summary:-no summary}; ${tests_line:-no test summary}${runs:+; $runs}" |
       tee -a "$OUT/sanitizer_summary.txt"
-    grep -E "Invalid __|Invalid (global|shared|local)|Race reported|Hazard|Program hit|Barrier error|Misaligned|Out-of-range|\[  FAILED  \]" \
+    grep -E "Invalid __|Invalid (global|shared|local)|Race reported|Hazard|Program hit|Barrier error|Misaligned|Out-of-range|Sanitizer Error|hardware exception|\[  FAILED  \]" \
       "$log" | sed 's/^=* *//; s/ at 0x[0-9a-f]*//; s/0x[0-9a-f]\{6,\}/ADDR/g' | sort | uniq -c | sort -rn | head -8
     [ $r = 0 ] || rc=1
   }
-  # memcheck: every matmul test (the 1000^3 shape left out by FUSEBOX_GPU_TEST_SMALL), and the
-  # backend module's tests except the ones that fault on purpose (death test, out-of-memory:
-  # API errors by design) or time themselves (concurrency, timings, 96 MiB transfers).
-  san memcheck_matmul "$limit" memcheck "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1
-  san memcheck_backend $((limit / 2)) memcheck "$B/bin/fusebox_gpu_cuda_backend_test" --gtest_brief=1 \
+  # memcheck: every matmul test, cuBLASLt included (the 1000^3 shape left out by
+  # FUSEBOX_GPU_TEST_SMALL), and the backend module's tests except the ones that fault on purpose
+  # (death test, out-of-memory: API errors by design) or time themselves (concurrency, timings,
+  # 96 MiB transfers).
+  san memcheck_matmul "$limit" all memcheck "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1
+  san memcheck_backend $((limit / 2)) all memcheck "$B/bin/fusebox_gpu_cuda_backend_test" \
+    --gtest_brief=1 \
     "--gtest_filter=-CudaBackendBroken.*:*OutOfMemory*:*LargeTransfers*:*Concurrent*:*TimingsMatchTheWork*"
-  # racecheck: shared-memory hazards in our own kernels only (WgmmaMatmulRelu: TMA + wgmma,
-  # MmaMatmulRelu: cp.async + mma.sync, SimtMatmulRelu: FFMA); cuBLASLt's kernels still run,
-  # unchecked, so the tests' comparisons stay meaningful.
-  san racecheck_tiled "$limit" racecheck --kernel-name kns=MatmulRelu \
+  # racecheck: shared-memory hazards in our own kernels, and no cuBLASLt kernel launched at all
+  # (in run 4 racecheck failed on one, "failed to handle a hardware exception", and every later
+  # test failed with it). Two runs, two logs: WgmmaMatmulRelu (TMA + wgmma; racecheck may not
+  # model the async proxy), then MmaMatmulRelu (cp.async + mma.sync) and SimtMatmulRelu (FFMA).
+  san racecheck_wgmma "$limit" wgmma racecheck --kernel-name kns=MatmulRelu \
+    "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"
+  san racecheck_mma_ffma "$limit" mma,ffma racecheck --kernel-name kns=MatmulRelu \
     "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"
   if [ "${MATMUL_SYNCCHECK:-0}" = 1 ]; then
-    san synccheck_tiled "$limit" synccheck --kernel-name kns=MatmulRelu \
+    san synccheck_tiled "$limit" tiled synccheck --kernel-name kns=MatmulRelu \
       "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"
   fi
 fi

@@ -6,15 +6,19 @@
 // epilogue's bias vector (length = rows of D = N) lands on our columns.
 //
 // Cost per call: descriptors live on the stack (the *Init forms, no heap);
-// the heuristic runs once per (shape, dtype, bias, tf32, alignments, workspace
-// size) and is cached; then one cublasLtMatmul launch. Optionally (Create's autotune),
-// problems of >= 8 GFLOP are tuned once: the heuristic's first 8 candidates
-// are timed on the first call's data and the fastest is cached. The workspace
-// (kDefaultWorkspaceBytes unless Create is given another size) is allocated
-// once per runner. K = 0 is handed to the tiled kernel (relu(bias)),
-// which cuBLASLt does not do.
+// the algorithm is chosen once per key (shape, dtype, bias, tf32, alignments,
+// workspace size, policy) and cached; then one cublasLtMatmul launch. The
+// default policy (two picks) asks the heuristic twice on a miss (32 MiB and
+// 1 MiB preference) and, only where the answers differ, times both: 2 warm-ups
+// + 6 launches + one wait, once per key and device, i.e. ~8x the kernel's time
+// (tf32 64x4096x4096: ~0.3 ms; fp32 exact 4096^3: ~20 ms; 8192^3: ~0.2 s).
+// Optionally (kAutotune), problems of >= 8 GFLOP time the
+// heuristic's first 8 candidates instead. The workspace (kDefaultWorkspaceBytes
+// unless Create is given another size) is allocated once per runner. K = 0 is
+// handed to the tiled kernel (relu(bias)), which cuBLASLt does not do.
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -73,10 +77,14 @@ struct AlgoKey {
   // The workspace the runner offers: the heuristic only returns algorithms
   // that fit, so runners with different sizes must not share an entry.
   uint64_t workspace;
+  // LtAlgoPolicy: runners with different policies never see each other's
+  // choices (an autotuned entry is not a two-pick entry and vice versa).
+  int policy;
   bool operator==(const AlgoKey& o) const {
     return m == o.m && n == o.n && k == o.k && dtype == o.dtype && bias == o.bias &&
            tf32 == o.tf32 && align_a == o.align_a && align_b == o.align_b &&
-           align_c == o.align_c && align_bias == o.align_bias && workspace == o.workspace;
+           align_c == o.align_c && align_bias == o.align_bias && workspace == o.workspace &&
+           policy == o.policy;
   }
 };
 
@@ -86,6 +94,7 @@ struct AlgoKeyHash {
     auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     mix(k.n); mix(k.k); mix(k.dtype); mix(k.bias); mix(k.tf32);
     mix(k.align_a); mix(k.align_b); mix(k.align_c); mix(k.align_bias); mix(k.workspace);
+    mix(static_cast<uint64_t>(k.policy));
     return h;
   }
 };
@@ -98,8 +107,11 @@ class MatmulAlgoCache {
 
   struct Entry {
     cublasLtMatmulAlgo_t algo;
-    bool tuned;  // chosen by timing the heuristic's candidates, not just its first pick
+    LtAlgoChoice choice;
     size_t workspace_needed;  // what the algorithm uses of the runner's workspace
+    size_t launch_workspace;  // the workspace size given to cublasLtMatmul (<= the runner's)
+    uint64_t large_hash, small_hash;  // two picks: both heuristic answers (0: not asked)
+    float large_ms, small_ms;         // two picks, timed: their medians
   };
   bool Find(const AlgoKey& key, Entry* e) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -144,18 +156,63 @@ absl::Status ValidateMatmul(const MatmulArgs& a) {
   return absl::OkStatus();
 }
 
+namespace {
+// kAutotune: problems of at least this many flops (2 x 2048^3 / 2) time the
+// heuristic's first candidates once; smaller ones get the two picks.
+constexpr double kTuneFlops = 8e9;
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneReps = 2;
+// Two picks: timed rounds (each times the large pick, then the small one) and
+// the margin the small-workspace pick must win by to replace the large one.
+constexpr int kPickRounds = 3;
+constexpr float kSmallPickMinGain = 0.02f;
+// Events: 2 x kPickRounds + 1 boundaries for the two picks; autotune uses 2.
+constexpr int kNumEvents = 2 * kPickRounds + 1;
+
+// FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
+uint64_t AlgoHash(const cublasLtMatmulAlgo_t& algo) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&algo);
+  for (size_t i = 0; i < sizeof algo; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  return h;
+}
+
+bool SameAlgo(const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+  return std::memcmp(&x, &y, sizeof x) == 0;
+}
+
+float Median3(float a, float b, float c) {
+  return std::max(std::min(a, b), std::min(std::max(a, b), c));
+}
+}  // namespace
+
+const char* LtAlgoChoiceName(LtAlgoChoice c) {
+  switch (c) {
+    case LtAlgoChoice::kFirstPick: return "first-pick";
+    case LtAlgoChoice::kPicksAgree: return "picks-agree";
+    case LtAlgoChoice::kNoSecondPick: return "no-small-pick";
+    case LtAlgoChoice::kTimedLargeKept: return "timed:large-kept";
+    case LtAlgoChoice::kTimedSmallWon: return "timed:small-won";
+    case LtAlgoChoice::kTimingFailed: return "timing-failed:large";
+    case LtAlgoChoice::kAutotuned: return "autotuned";
+  }
+  return "?";
+}
+
 struct CublasLtMatmul::Impl {
   std::shared_ptr<MatmulAlgoCache> cache;
   cublasLtHandle_t handle = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  cudaEvent_t tune_start = nullptr, tune_end = nullptr;
-  bool autotune = true;
+  cudaEvent_t events[kNumEvents] = {};
+  LtAlgoPolicy policy = LtAlgoPolicy::kTwoPicks;
+  LtStats stats;
 
   ~Impl() {
-    if (tune_start) cudaEventDestroy(tune_start);
-    if (tune_end) cudaEventDestroy(tune_end);
+    for (cudaEvent_t ev : events) {
+      if (ev) cudaEventDestroy(ev);
+    }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (handle) cublasLtDestroy(handle);
     if (workspace) cudaFree(workspace);
@@ -166,10 +223,21 @@ CublasLtMatmul::CublasLtMatmul(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 CublasLtMatmul::~CublasLtMatmul() = default;
 
 absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
-    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes, bool autotune) {
+    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes, LtAlgoPolicy policy) {
   auto impl = std::make_unique<Impl>();
-  impl->autotune = autotune;
+  impl->policy = policy;
   impl->cache = cache ? std::move(cache) : NewMatmulAlgoCache();
+  // cublasLtCreate queries the device through the driver API (cuCtxGetLimit),
+  // which needs a current context. On a thread that has not made a runtime
+  // call yet none is current (the runtime binds its primary context lazily),
+  // so the query fails inside cuBLASLt -- harmlessly, but compute-sanitizer
+  // reports it as CUDA_ERROR_INVALID_CONTEXT (run 4, a runner created on a
+  // fresh std::thread). cudaFree(nullptr) frees nothing and makes the current
+  // device's primary context current on this thread.
+  if (absl::Status s = CudaStatus(cudaFree(nullptr), "context init (cudaFree(nullptr))"); !s.ok()) {
+    cudaGetLastError();
+    return s;
+  }
   FUSEBOX_LT(cublasLtCreate(&impl->handle), "create");
   FUSEBOX_LT(cublasLtMatmulPreferenceCreate(&impl->pref), "preference create");
   if (workspace_bytes > 0) {
@@ -181,40 +249,22 @@ absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
     }
   }
   impl->workspace_bytes = workspace_bytes;
-  if (absl::Status s = CudaStatus(cudaEventCreate(&impl->tune_start), "cudaEventCreate"); !s.ok()) {
-    return s;
+  for (cudaEvent_t& ev : impl->events) {
+    if (absl::Status s = CudaStatus(cudaEventCreate(&ev), "cudaEventCreate"); !s.ok()) return s;
   }
-  if (absl::Status s = CudaStatus(cudaEventCreate(&impl->tune_end), "cudaEventCreate"); !s.ok()) {
-    return s;
-  }
-  FUSEBOX_LT(cublasLtMatmulPreferenceSetAttribute(impl->pref,
-                                                  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &impl->workspace_bytes,
-                                                  sizeof(impl->workspace_bytes)),
-             "workspace preference");
   return std::unique_ptr<CublasLtMatmul>(new CublasLtMatmul(std::move(impl)));
 }
 
-// Descriptors (on the stack: the *Init forms allocate nothing), the algorithm,
-// and whether it was chosen by timing.
+// Descriptors (on the stack: the *Init forms allocate nothing), the key, and
+// the chosen entry.
 struct CublasLtMatmul::Plan {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatrixLayoutOpaque_t la, lb, lc;
   AlgoKey key;
-  cublasLtMatmulAlgo_t algo;
-  bool tuned = false;
-  size_t workspace_needed = 0;
+  MatmulAlgoCache::Entry entry;
 };
 
-namespace {
-// Problems of at least this many flops (2 x 2048^3 / 2) get their algorithm
-// by timing the heuristic's candidates once; smaller ones take its first pick.
-constexpr double kTuneFlops = 8e9;
-constexpr int kTuneCandidates = 8;
-constexpr int kTuneReps = 2;
-}  // namespace
-
-absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
+absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, cudaStream_t stream, Plan* plan) {
   const cudaDataType type = DataType(args.dtype);
   const cublasComputeType_t compute = (args.dtype == DType::kFloat32 && args.allow_tf32)
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -239,25 +289,78 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, Plan* plan) {
   plan->key = AlgoKey{args.m, args.n, args.k, static_cast<int>(args.dtype), args.bias != nullptr,
                       compute == CUBLAS_COMPUTE_32F_FAST_TF32, Alignment(args.a),
                       Alignment(args.b), Alignment(args.out),
-                      args.bias ? Alignment(args.bias) : 256u, impl_->workspace_bytes};
-  MatmulAlgoCache::Entry entry;
-  if (impl_->cache->Find(plan->key, &entry)) {
-    plan->algo = entry.algo;
-    plan->tuned = entry.tuned;
-    plan->workspace_needed = entry.workspace_needed;
+                      args.bias ? Alignment(args.bias) : 256u, impl_->workspace_bytes,
+                      static_cast<int>(impl_->policy)};
+  if (impl_->cache->Find(plan->key, &plan->entry)) {
+    ++impl_->stats.cache_hits;
     return absl::OkStatus();
   }
-  cublasLtMatmulHeuristicResult_t result;
+  ++impl_->stats.cache_misses;
+  return Choose(args, stream, plan);
+}
+
+// The cache missed: choose by the runner's policy and cache the choice.
+absl::Status CublasLtMatmul::Choose(const MatmulArgs& args, cudaStream_t stream, Plan* plan) {
+  const LtAlgoPolicy policy = impl_->policy;
+  if (policy == LtAlgoPolicy::kAutotune && 2.0 * args.m * args.n * args.k >= kTuneFlops) {
+    return Tune(args, plan, stream);  // autotune replaces the two picks where it applies
+  }
+  const size_t large_ws = impl_->workspace_bytes;
+  cublasLtMatmulHeuristicResult_t large;
   int found = 0;
-  if (absl::Status s = Heuristic(plan, 1, &result, &found); !s.ok()) return s;
-  plan->algo = result.algo;
-  plan->tuned = 2.0 * args.m * args.n * args.k < kTuneFlops;  // small: nothing to tune
-  plan->workspace_needed = result.workspaceSize;
-  impl_->cache->Put(plan->key, {plan->algo, plan->tuned, plan->workspace_needed});
+  if (absl::Status s = Heuristic(plan, large_ws, 1, &large, &found); !s.ok()) return s;
+  MatmulAlgoCache::Entry& e = plan->entry;
+  e = MatmulAlgoCache::Entry{large.algo, LtAlgoChoice::kFirstPick, large.workspaceSize, large_ws,
+                             0, 0, 0.f, 0.f};
+  if (policy != LtAlgoPolicy::kFirstPick) {
+    e.large_hash = AlgoHash(large.algo);
+    const size_t small_ws = std::min(kSecondPickWorkspaceBytes, large_ws);
+    cublasLtMatmulHeuristicResult_t small;
+    if (small_ws == large_ws) {
+      e.choice = LtAlgoChoice::kPicksAgree;  // one preference: one pick
+      e.small_hash = e.large_hash;
+    } else if (!Heuristic(plan, small_ws, 1, &small, &found).ok()) {
+      e.choice = LtAlgoChoice::kNoSecondPick;  // nothing fits the small workspace
+    } else if (SameAlgo(small.algo, large.algo)) {
+      e.choice = LtAlgoChoice::kPicksAgree;  // fp16/bf16 in run 4: untimed, as kFirstPick
+      e.small_hash = e.large_hash;
+    } else {
+      e.small_hash = AlgoHash(small.algo);
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+          capture != cudaStreamCaptureStatusNone) {
+        // Cannot time inside a graph capture (no waiting on events there):
+        // this call takes the large pick, and nothing is cached, so the first
+        // uncaptured call times the two.
+        cudaGetLastError();
+        e.choice = LtAlgoChoice::kTimingFailed;
+        return absl::OkStatus();
+      }
+      ++impl_->stats.timed_selections;
+      float large_ms = 0, small_ms = 0;
+      if (!TimePicks(args, *plan, large.algo, large_ws, small.algo, small_ws, stream, &large_ms,
+                     &small_ms)) {
+        ++impl_->stats.timing_failures;
+        e.choice = LtAlgoChoice::kTimingFailed;
+      } else {
+        e.large_ms = large_ms;
+        e.small_ms = small_ms;
+        if (small_ms <= (1.0f - kSmallPickMinGain) * large_ms) {
+          e.algo = small.algo;
+          e.workspace_needed = small.workspaceSize;
+          e.launch_workspace = small_ws;  // as PyTorch launches it
+          e.choice = LtAlgoChoice::kTimedSmallWon;
+        } else {
+          e.choice = LtAlgoChoice::kTimedLargeKept;
+        }
+      }
+    }
+  }
+  impl_->cache->Put(plan->key, e);
   return absl::OkStatus();
 }
 
-absl::Status CublasLtMatmul::Heuristic(Plan* plan, int want,
+absl::Status CublasLtMatmul::Heuristic(Plan* plan, size_t workspace, int want,
                                        cublasLtMatmulHeuristicResult_t* results, int* found) {
   // cuBLASLt's "A" is the user's B and its "B" the user's A.
   const AlgoKey& key = plan->key;
@@ -270,8 +373,14 @@ absl::Status CublasLtMatmul::Heuristic(Plan* plan, int want,
                                                     sizeof aligns[i]),
                "alignment preference");
   }
+  const uint64_t ws = workspace;
+  FUSEBOX_LT(cublasLtMatmulPreferenceSetAttribute(impl_->pref,
+                                                  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                  sizeof ws),
+             "workspace preference");
   std::memset(results, 0, sizeof(*results) * want);
   *found = 0;
+  ++impl_->stats.heuristic_queries;
   FUSEBOX_LT(cublasLtMatmulAlgoGetHeuristic(impl_->handle, &plan->desc, &plan->la, &plan->lb,
                                             &plan->lc, &plan->lc, impl_->pref, want, results,
                                             found),
@@ -279,68 +388,127 @@ absl::Status CublasLtMatmul::Heuristic(Plan* plan, int want,
   if (*found == 0 || results[0].state != CUBLAS_STATUS_SUCCESS) {
     return absl::UnimplementedError(absl::StrCat(
         "cuBLASLt has no algorithm for matmul ", key.m, "x", key.n, "x", key.k, " ",
-        DTypeName(static_cast<DType>(key.dtype)), key.bias ? " with bias" : ""));
+        DTypeName(static_cast<DType>(key.dtype)), key.bias ? " with bias" : "", " within ",
+        workspace, " bytes of workspace"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
-                                    const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+                                    const cublasLtMatmulAlgo_t& algo, size_t workspace,
+                                    cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
   FUSEBOX_LT(cublasLtMatmul(impl_->handle, &plan.desc, &alpha, args.b, &plan.la, args.a, &plan.lb,
                             &beta, args.out, &plan.lc, args.out, &plan.lc, &algo,
-                            impl_->workspace, impl_->workspace_bytes, stream),
+                            impl_->workspace, workspace, stream),
              "matmul");
   return absl::OkStatus();
 }
 
-// Times each of the heuristic's first candidates on the caller's data (one
-// warm-up, kTuneReps timed runs) and caches the fastest. Once per shape and
-// device; blocks this thread on the stream meanwhile. The output is
+// Times the two picks on the call's buffers and stream: one warm-up each, then
+// kPickRounds rounds of (large, small), an event at every boundary, one wait
+// at the end. L2 is not flushed (warm, as in a server that cannot flush it);
+// both picks see the same warm L2. args.out is written by every launch and
+// then again by the real one. Any failure: false, and the error it left is
+// cleared (a sticky error would still fail the real launch, which reports it).
+bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
+                               const cublasLtMatmulAlgo_t& large, size_t large_ws,
+                               const cublasLtMatmulAlgo_t& small, size_t small_ws,
+                               cudaStream_t stream, float* large_ms, float* small_ms) {
+  cudaEvent_t* ev = impl_->events;
+  bool ok = Launch(args, plan, large, large_ws, stream).ok() &&
+            Launch(args, plan, small, small_ws, stream).ok() &&
+            cudaEventRecord(ev[0], stream) == cudaSuccess;
+  for (int r = 0; r < kPickRounds && ok; ++r) {
+    ok = Launch(args, plan, large, large_ws, stream).ok() &&
+         cudaEventRecord(ev[2 * r + 1], stream) == cudaSuccess &&
+         Launch(args, plan, small, small_ws, stream).ok() &&
+         cudaEventRecord(ev[2 * r + 2], stream) == cudaSuccess;
+  }
+  // Whatever was enqueued, wait for it: the events are reused by the next key.
+  if (cudaStreamSynchronize(stream) != cudaSuccess) ok = false;
+  float t[2 * kPickRounds] = {};
+  for (int i = 0; i < 2 * kPickRounds && ok; ++i) {
+    ok = cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]) == cudaSuccess;
+  }
+  if (!ok) {
+    cudaGetLastError();
+    return false;
+  }
+  *large_ms = Median3(t[0], t[2], t[4]);
+  *small_ms = Median3(t[1], t[3], t[5]);
+  return true;
+}
+
+// kAutotune: times each of the heuristic's first candidates on the caller's
+// data (one warm-up, kTuneReps timed runs) and caches the fastest. Once per
+// shape and device; blocks this thread on the stream meanwhile. The output is
 // overwritten by every candidate and then by the real launch.
 absl::Status CublasLtMatmul::Tune(const MatmulArgs& args, Plan* plan, cudaStream_t stream) {
+  const size_t ws = impl_->workspace_bytes;
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates];
   int found = 0;
-  if (absl::Status s = Heuristic(plan, kTuneCandidates, results, &found); !s.ok()) return s;
+  if (absl::Status s = Heuristic(plan, ws, kTuneCandidates, results, &found); !s.ok()) return s;
+  ++impl_->stats.timed_selections;
+  MatmulAlgoCache::Entry& e = plan->entry;
+  e = MatmulAlgoCache::Entry{results[0].algo, LtAlgoChoice::kAutotuned, results[0].workspaceSize,
+                             ws, 0, 0, 0.f, 0.f};
+  cudaEvent_t start = impl_->events[0], end = impl_->events[1];
   float best_ms = -1;
   for (int i = 0; i < found; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS) continue;
-    if (!Launch(args, *plan, results[i].algo, stream).ok()) continue;  // candidate refused
-    cudaEventRecord(impl_->tune_start, stream);
+    if (!Launch(args, *plan, results[i].algo, ws, stream).ok()) continue;  // candidate refused
+    cudaEventRecord(start, stream);
     bool ok = true;
-    for (int r = 0; r < kTuneReps && ok; ++r) ok = Launch(args, *plan, results[i].algo, stream).ok();
-    cudaEventRecord(impl_->tune_end, stream);
-    if (absl::Status s = CudaStatus(cudaEventSynchronize(impl_->tune_end), "autotune"); !s.ok()) {
-      return s;
+    for (int r = 0; r < kTuneReps && ok; ++r) {
+      ok = Launch(args, *plan, results[i].algo, ws, stream).ok();
     }
+    cudaEventRecord(end, stream);
+    if (absl::Status s = CudaStatus(cudaEventSynchronize(end), "autotune"); !s.ok()) return s;
     float ms = 0;
-    if (!ok || cudaEventElapsedTime(&ms, impl_->tune_start, impl_->tune_end) != cudaSuccess) continue;
+    if (!ok || cudaEventElapsedTime(&ms, start, end) != cudaSuccess) continue;
     if (best_ms < 0 || ms < best_ms) {
       best_ms = ms;
-      plan->algo = results[i].algo;
-      plan->workspace_needed = results[i].workspaceSize;
+      e.algo = results[i].algo;
+      e.workspace_needed = results[i].workspaceSize;
     }
   }
-  plan->tuned = true;
-  impl_->cache->Put(plan->key, {plan->algo, true, plan->workspace_needed});
+  impl_->cache->Put(plan->key, e);
   return absl::OkStatus();
 }
 
-absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args) {
+absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args, cudaStream_t stream) {
   if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
   if (args.m == 0 || args.n == 0 || args.k == 0) return absl::OkStatus();
   Plan plan;
-  return MakePlan(args, &plan);
+  return MakePlan(args, stream, &plan);
 }
 
 size_t CublasLtMatmul::workspace_bytes() const { return impl_->workspace_bytes; }
+LtAlgoPolicy CublasLtMatmul::policy() const { return impl_->policy; }
+LtStats CublasLtMatmul::stats() const { return impl_->stats; }
 
-absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args) {
+absl::StatusOr<LtAlgoInfo> CublasLtMatmul::AlgoInfo(const MatmulArgs& args, cudaStream_t stream) {
   if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
-  if (args.m == 0 || args.n == 0 || args.k == 0) return std::string("none (empty or K=0: tiled)");
+  LtAlgoInfo info;
+  if (args.m == 0 || args.n == 0 || args.k == 0) {
+    info.description = "none (empty or K=0: tiled)";
+    return info;
+  }
   Plan plan;
-  if (absl::Status s = MakePlan(args, &plan); !s.ok()) return s;
-  const cublasLtMatmulAlgo_t& algo = plan.algo;
+  if (absl::Status s = MakePlan(args, stream, &plan); !s.ok()) return s;
+  const MatmulAlgoCache::Entry& e = plan.entry;
+  const cublasLtMatmulAlgo_t& algo = e.algo;
+  info.choice = e.choice;
+  info.timed = e.choice == LtAlgoChoice::kTimedLargeKept ||
+               e.choice == LtAlgoChoice::kTimedSmallWon || e.choice == LtAlgoChoice::kAutotuned;
+  info.hash = AlgoHash(algo);
+  info.large_hash = e.large_hash;
+  info.small_hash = e.small_hash;
+  info.large_ms = e.large_ms;
+  info.small_ms = e.small_ms;
+  info.workspace_needed = e.workspace_needed;
+  info.launch_workspace = e.launch_workspace;
   // Each attribute has its own width in cuBLASLt (int32, uint32, uint16);
   // read into a zeroed 8-byte slot with the exact size cuBLASLt reports.
   auto get = [&algo](cublasLtMatmulAlgoConfigAttributes_t attr) -> long long {
@@ -357,21 +525,28 @@ absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args)
     if (written == 2) return static_cast<long long>(v & 0xffffu);
     return static_cast<long long>(v);
   };
-  // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
-  uint64_t h = 1469598103934665603ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&algo);
-  for (size_t i = 0; i < sizeof algo; ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "algo %lld tile %lld stages %lld splitk %lld reduction %lld swizzle %lld "
-                "custom %lld inner %lld cluster %lld ws_needed %zu hash %016" PRIx64 "%s",
+                "custom %lld inner %lld cluster %lld ws_needed %zu hash %016" PRIx64
+                " choice %s picks %016" PRIx64 "/%016" PRIx64 " timed_ms %.4f/%.4f launch_ws %zu",
                 get(CUBLASLT_ALGO_CONFIG_ID), get(CUBLASLT_ALGO_CONFIG_TILE_ID),
                 get(CUBLASLT_ALGO_CONFIG_STAGES_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
                 get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
                 get(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), get(CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
-                get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), plan.workspace_needed, h,
-                plan.tuned && impl_->autotune ? " (timed)" : "");
-  return std::string(buf);
+                get(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), e.workspace_needed, info.hash,
+                LtAlgoChoiceName(e.choice), e.large_hash, e.small_hash,
+                static_cast<double>(e.large_ms), static_cast<double>(e.small_ms),
+                e.launch_workspace);
+  info.description = buf;
+  return info;
+}
+
+absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args,
+                                                         cudaStream_t stream) {
+  absl::StatusOr<LtAlgoInfo> info = AlgoInfo(args, stream);
+  if (!info.ok()) return info.status();
+  return std::move(info->description);
 }
 
 absl::Status CublasLtMatmul::Run(const MatmulArgs& args, cudaStream_t stream) {
@@ -379,11 +554,8 @@ absl::Status CublasLtMatmul::Run(const MatmulArgs& args, cudaStream_t stream) {
   if (args.m == 0 || args.n == 0) return absl::OkStatus();
   if (args.k == 0) return CudaStatus(LaunchMatmulReluTiled(args, stream), "tiled matmul (K=0)");
   Plan plan;
-  if (absl::Status s = MakePlan(args, &plan); !s.ok()) return s;
-  if (!plan.tuned && impl_->autotune) {
-    if (absl::Status s = Tune(args, &plan, stream); !s.ok()) return s;
-  }
-  return Launch(args, plan, plan.algo, stream);
+  if (absl::Status s = MakePlan(args, stream, &plan); !s.ok()) return s;
+  return Launch(args, plan, plan.entry.algo, plan.entry.launch_workspace, stream);
 }
 
 }  // namespace fusebox::cuda

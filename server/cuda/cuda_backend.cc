@@ -497,8 +497,12 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   }
   void* dev_out = c.output_resident ? c.output : (sizes->out > 0 ? at(offsets[3]) : nullptr);
 
-  // cuBLASLt's heuristic runs now, on a cache miss, rather than between the
-  // copy-in and the kernel where it would count as kernel time.
+  // cuBLASLt's algorithm is chosen now, on a cache miss, rather than between
+  // the copy-in and the kernel where it would count as kernel time: the
+  // heuristic, and where its 32 MiB and 1 MiB picks differ a one-time timing
+  // of both on this stream and these buffers (before ev_start; the inputs are
+  // not copied yet, which the timing does not need, and the output is
+  // overwritten by the real launch). matmul.h, LtAlgoPolicy.
   if (c.op == Op::kMatmulRelu) {
     const MatmulImpl impl =
         c.matmul_impl == MatmulImpl::kDefault ? options_.default_matmul : c.matmul_impl;
@@ -508,7 +512,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
       args.m = c.m; args.n = c.n; args.k = c.k;
       args.a = dev_in[0]; args.b = dev_in[1]; args.bias = dev_in[2]; args.out = dev_out;
       args.allow_tf32 = c.allow_tf32;
-      if (absl::Status s = w.cublaslt().Prepare(args); !s.ok()) {
+      if (absl::Status s = w.cublaslt().Prepare(args, st); !s.ok()) {
         if (block) cudaFreeAsync(block, st);
         return s;
       }

@@ -4,15 +4,26 @@
 // any tile (1x1x1, 3x5x7, 65x33x129, ...), K = 0, misaligned pointers, NaN.
 // Outputs are poisoned (0xFF bytes = NaN in every dtype) before each run, so an
 // element the kernel never wrote fails the comparison.
-// Cost: a few seconds, mostly the fp64 reference of the 1000^3 shapes on the CPU.
+// The cuBLASLt runner's algorithm choice (two picks, autotune) is checked for
+// cache hits and for choosing one of its candidates.
+// Cost: a few seconds, mostly the fp64 references of the 1000^3 and
+// 64x4096x4096 shapes on the CPU.
 // FUSEBOX_GPU_TEST_SMALL=1 (compute-sanitizer runs) leaves out the 1000^3 shape;
 // every kernel path (wgmma, both mma.sync configurations, FFMA, gather) stays.
+// FUSEBOX_MATMUL_TEST_IMPLS=LIST (comma-separated; default all) runs only those
+// implementations: cublaslt, wgmma (our TMA + wgmma kernel), mma (our mma.sync
+// kernel), ffma (our fp32 CUDA-core kernel); "tiled" = wgmma,mma,ffma. Runs of
+// the others are skipped, so e.g. racecheck can run our kernels without ever
+// launching a cuBLASLt kernel (which it cannot run: run 4), and wgmma apart
+// from mma/ffma (a sanitizer failure in one cannot hide the other).
 // Without a GPU every test skips.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -43,6 +54,39 @@ bool SmallMode() {
   return e != nullptr && *e != '\0' && *e != '0';
 }
 
+// The kernels a run may launch (FUSEBOX_MATMUL_TEST_IMPLS).
+enum Kernel : unsigned { kLtKernels = 1, kWgmmaKernel = 2, kMmaKernel = 4, kFfmaKernel = 8 };
+
+unsigned EnabledKernels() {
+  static const unsigned mask = [] {
+    const char* e = std::getenv("FUSEBOX_MATMUL_TEST_IMPLS");
+    if (e == nullptr || *e == '\0') return 15u;
+    unsigned m = 0;
+    std::string list(e);
+    size_t pos = 0;
+    while (pos <= list.size()) {
+      size_t end = list.find(',', pos);
+      if (end == std::string::npos) end = list.size();
+      const std::string item = list.substr(pos, end - pos);
+      if (item == "all") m |= 15u;
+      else if (item == "cublaslt") m |= kLtKernels;
+      else if (item == "tiled") m |= kWgmmaKernel | kMmaKernel | kFfmaKernel;
+      else if (item == "wgmma") m |= kWgmmaKernel;
+      else if (item == "mma") m |= kMmaKernel;
+      else if (item == "ffma") m |= kFfmaKernel;
+      else if (!item.empty()) ADD_FAILURE() << "FUSEBOX_MATMUL_TEST_IMPLS: unknown item " << item;
+      pos = end + 1;
+    }
+    return m;
+  }();
+  return mask;
+}
+
+bool LtEnabled() { return (EnabledKernels() & kLtKernels) != 0; }
+
+#define SKIP_WITHOUT_CUBLASLT() \
+  if (!LtEnabled()) GTEST_SKIP() << "cuBLASLt left out (FUSEBOX_MATMUL_TEST_IMPLS)"
+
 // Device buffer with `slack` spare bytes in front, for misaligned views.
 class DeviceBuffer {
  public:
@@ -62,6 +106,40 @@ enum class Impl { kCublasLt, kTiled, kTiledMma };
 const char* ImplName(Impl i) {
   return i == Impl::kTiled ? "tiled" : i == Impl::kTiledMma ? "tiled-mma.sync" : "cublaslt";
 }
+
+// The kernel a run launches. Mirrors LaunchHalf's choice in matmul_tiled.cu
+// (wgmma for 16-bit with K and N multiples of 8, A and B 16-byte aligned, the
+// output 4-byte aligned and at least 132 tiles of 128x256); only used to
+// select runs, so a mismatch would mix the sanitizer logs, not fail a test.
+Kernel KernelOf(Impl impl, DType dt, int64_t m, int64_t n, int64_t k, size_t misalign) {
+  if (impl == Impl::kCublasLt) return kLtKernels;
+  if (dt == DType::kFloat32) return kFfmaKernel;
+  if (impl == Impl::kTiledMma) return kMmaKernel;
+  const bool vec = k % 8 == 0 && n % 8 == 0 && misalign % 16 == 0;
+  const bool big = ((m + 127) / 128) * ((n + 255) / 256) >= 132;
+  return vec && big ? kWgmmaKernel : kMmaKernel;
+}
+
+// Runs per kernel family, printed at the end ("matmul runs: ..."), so that a
+// sanitizer log shows what it actually covered.
+std::atomic<int> g_runs[4];
+
+int KernelIndex(Kernel k) {
+  return k == kLtKernels ? 0 : k == kWgmmaKernel ? 1 : k == kMmaKernel ? 2 : 3;
+}
+
+class RunCountPrinter : public testing::Environment {
+ public:
+  void TearDown() override {
+    const char* impls = std::getenv("FUSEBOX_MATMUL_TEST_IMPLS");
+    std::printf("matmul runs: cublaslt %d, wgmma %d, mma.sync %d, ffma %d "
+                "(FUSEBOX_MATMUL_TEST_IMPLS=%s)\n",
+                g_runs[0].load(), g_runs[1].load(), g_runs[2].load(), g_runs[3].load(),
+                impls ? impls : "all");
+  }
+};
+testing::Environment* const g_run_count_printer =
+    testing::AddGlobalTestEnvironment(new RunCountPrinter);
 
 double Tolerance(DType dt, bool tf32) {
   switch (dt) {
@@ -97,6 +175,7 @@ Problem MakeProblem(DType dt, int64_t m, int64_t n, int64_t k, bool bias, uint64
 // pointer by that many bytes (a multiple of the element size).
 absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_t>* out,
                       size_t misalign = 0, CublasLtMatmul* lt = nullptr) {
+  ++g_runs[KernelIndex(KernelOf(impl, p.dt, p.m, p.n, p.k, misalign))];
   const size_t es = ElementSize(p.dt);
   DeviceBuffer da(p.a.size()), db(p.b.size()), dc(p.c.size() + es), dout(p.m * p.n * es);
   EXPECT_EQ(cudaMemcpy(da.get(misalign), p.a.data(), p.a.size(), cudaMemcpyHostToDevice),
@@ -107,7 +186,6 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
     EXPECT_EQ(cudaMemcpy(dc.get(misalign), p.c.data(), p.c.size(), cudaMemcpyHostToDevice),
               cudaSuccess);
   }
-  EXPECT_EQ(cudaMemset(dout.get(misalign), 0xFF, p.m * p.n * es), cudaSuccess);  // poison
   MatmulArgs args;
   args.dtype = p.dt;
   args.m = p.m;
@@ -118,6 +196,19 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
   args.bias = p.bias ? dc.get(misalign) : nullptr;
   args.out = dout.get(misalign);
   args.allow_tf32 = tf32;
+  std::unique_ptr<CublasLtMatmul> own;
+  if (impl == Impl::kCublasLt) {
+    if (lt == nullptr) {
+      auto created = CublasLtMatmul::Create(NewMatmulAlgoCache());
+      if (!created.ok()) return created.status();
+      own = std::move(*created);
+      lt = own.get();
+    }
+    // Choose the algorithm before poisoning: a timing of the two picks writes
+    // the output, and an element the chosen kernel skips must stay poisoned.
+    if (absl::Status s = lt->Prepare(args, nullptr); !s.ok()) return s;
+  }
+  EXPECT_EQ(cudaMemset(dout.get(misalign), 0xFF, p.m * p.n * es), cudaSuccess);  // poison
   absl::Status s;
   if (impl != Impl::kCublasLt) {
     s = CudaStatus(LaunchMatmulReluTiled(args, nullptr,
@@ -125,13 +216,6 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
                                                               : TiledKernel::kMmaSync),
                    "tiled");
   } else {
-    std::unique_ptr<CublasLtMatmul> own;
-    if (lt == nullptr) {
-      auto created = CublasLtMatmul::Create(NewMatmulAlgoCache());
-      if (!created.ok()) return created.status();
-      own = std::move(*created);
-      lt = own.get();
-    }
     s = lt->Run(args, nullptr);
   }
   if (!s.ok()) return s;
@@ -142,7 +226,12 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
   return absl::OkStatus();
 }
 
+bool Enabled(const Problem& p, Impl impl, size_t misalign) {
+  return (EnabledKernels() & KernelOf(impl, p.dt, p.m, p.n, p.k, misalign)) != 0;
+}
+
 void ExpectMatches(const Problem& p, Impl impl, bool tf32, size_t misalign = 0) {
+  if (!Enabled(p, impl, misalign)) return;
   SCOPED_TRACE(testing::Message() << ImplName(impl) << " " << DTypeName(p.dt) << (tf32 ? " tf32" : "")
                                   << " " << p.m << "x" << p.n << "x" << p.k
                                   << (p.bias ? " bias" : "") << " misalign " << misalign);
@@ -211,6 +300,7 @@ TEST_P(MatmulTest, MisalignedPointers) {
   // One element off: never 16-byte aligned, so the tiled kernel gathers.
   ExpectMatches(p, Impl::kTiled, false, ElementSize(dt));
   // cuBLASLt either handles the alignment or says it cannot.
+  if (!LtEnabled()) return;
   std::vector<uint8_t> out;
   absl::Status s = RunOnGpu(p, Impl::kCublasLt, false, &out, ElementSize(dt));
   if (s.ok()) {
@@ -250,6 +340,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, MatmulTest,
 
 TEST(MatmulCache, RunnersOnManyThreadsShareOneCache) {
   SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUBLASLT();
   auto cache = NewMatmulAlgoCache();
   const Problem p = MakeProblem(DType::kBFloat16, 96, 80, 64, true, 3);
   std::vector<std::thread> threads;
@@ -268,6 +359,179 @@ TEST(MatmulCache, RunnersOnManyThreadsShareOneCache) {
   }
   for (auto& th : threads) th.join();
   for (int t = 0; t < 8; ++t) EXPECT_EQ(ok[t], 1) << "thread " << t;
+}
+
+// Device copies of a problem's inputs and an output, 256-byte aligned.
+struct DeviceProblem {
+  explicit DeviceProblem(const Problem& p)
+      : a(p.a.size()), b(p.b.size()), c(p.c.size()), out(p.m * p.n * ElementSize(p.dt)) {
+    EXPECT_EQ(cudaMemcpy(a.get(), p.a.data(), p.a.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(b.get(), p.b.data(), p.b.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    if (p.bias) {
+      EXPECT_EQ(cudaMemcpy(c.get(), p.c.data(), p.c.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    args.dtype = p.dt;
+    args.m = p.m;
+    args.n = p.n;
+    args.k = p.k;
+    args.a = a.get();
+    args.b = b.get();
+    args.bias = p.bias ? c.get() : nullptr;
+    args.out = out.get();
+  }
+  DeviceBuffer a, b, c, out;
+  MatmulArgs args;
+};
+
+// Runs `lt` into a poisoned output and compares with the reference.
+void ExpectRunMatches(CublasLtMatmul& lt, const Problem& p, const DeviceProblem& d, bool tf32) {
+  MatmulArgs args = d.args;
+  args.allow_tf32 = tf32;
+  const size_t bytes = p.m * p.n * ElementSize(p.dt);
+  ASSERT_EQ(cudaMemset(d.out.get(), 0xFF, bytes), cudaSuccess);
+  absl::Status s = lt.Run(args, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> out(bytes);
+  ASSERT_EQ(cudaMemcpy(out.data(), d.out.get(), bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  const ref::Comparison c = ref::Compare(p.dt, out.data(), p.ref, Tolerance(p.dt, tf32));
+  EXPECT_TRUE(c.ok) << "rel_error " << c.rel_error << " first_bad " << c.first_bad;
+}
+
+// The default policy (two picks) on shapes where run 4 saw the 32 MiB and the
+// 1 MiB first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a
+// bf16 one where they agreed: the first Run of a key chooses (timing only if
+// the picks differ) and is correct whichever pick won; later calls of the key,
+// from this runner or another sharing the cache, run no heuristic and no
+// timing; the choice is one of the two first picks, as first-pick runners with
+// 32 MiB and 1 MiB report them.
+TEST(MatmulAlgoChoice, TwoPicksChoosesOnceAndPicksOneOfThem) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUBLASLT();
+  auto cache = NewMatmulAlgoCache();
+  auto lt = CublasLtMatmul::Create(cache);
+  auto lt2 = CublasLtMatmul::Create(cache);
+  auto first_large = CublasLtMatmul::Create(NewMatmulAlgoCache(),
+                                            CublasLtMatmul::kLargeWorkspaceBytes,
+                                            LtAlgoPolicy::kFirstPick);
+  auto first_small = CublasLtMatmul::Create(NewMatmulAlgoCache(),
+                                            CublasLtMatmul::kTorchWorkspaceBytes,
+                                            LtAlgoPolicy::kFirstPick);
+  ASSERT_TRUE(lt.ok() && lt2.ok() && first_large.ok() && first_small.ok());
+  ASSERT_EQ((*lt)->policy(), LtAlgoPolicy::kTwoPicks);
+  struct Case {
+    DType dt;
+    int64_t m, n, k;
+    std::vector<bool> tf32;
+  };
+  const Case cases[] = {{DType::kFloat32, 64, 4096, 4096, {false, true}},
+                        {DType::kBFloat16, 256, 512, 128, {false}}};
+  for (const Case& cs : cases) {
+    const Problem p = MakeProblem(cs.dt, cs.m, cs.n, cs.k, true, 4242);
+    const DeviceProblem d(p);
+    for (bool tf32 : cs.tf32) {
+      SCOPED_TRACE(testing::Message() << DTypeName(cs.dt) << (tf32 ? " tf32 " : " ") << cs.m
+                                      << "x" << cs.n << "x" << cs.k);
+      MatmulArgs args = d.args;
+      args.allow_tf32 = tf32;
+      const LtStats s0 = (*lt)->stats();
+      ExpectRunMatches(**lt, p, d, tf32);  // the miss: chooses, then launches
+      const LtStats s1 = (*lt)->stats();
+      EXPECT_EQ(s1.cache_misses, s0.cache_misses + 1);
+      EXPECT_GE(s1.heuristic_queries, s0.heuristic_queries + 1);
+      EXPECT_LE(s1.heuristic_queries, s0.heuristic_queries + 2);
+      ExpectRunMatches(**lt, p, d, tf32);  // the hit
+      auto info = (*lt)->AlgoInfo(args, nullptr);
+      ASSERT_TRUE(info.ok()) << info.status();
+      const LtStats s2 = (*lt)->stats();
+      EXPECT_EQ(s2.cache_misses, s1.cache_misses);
+      EXPECT_EQ(s2.cache_hits, s1.cache_hits + 2);
+      EXPECT_EQ(s2.heuristic_queries, s1.heuristic_queries);
+      EXPECT_EQ(s2.timed_selections, s1.timed_selections);
+      // Another worker's runner on the same cache: a hit on its first call.
+      ASSERT_TRUE((*lt2)->Prepare(args, nullptr).ok());
+      EXPECT_EQ((*lt2)->stats().heuristic_queries, 0);
+      EXPECT_EQ((*lt2)->stats().timed_selections, 0);
+
+      auto large = (*first_large)->AlgoInfo(args, nullptr);
+      auto small = (*first_small)->AlgoInfo(args, nullptr);
+      ASSERT_TRUE(large.ok() && small.ok());
+      EXPECT_EQ(large->choice, LtAlgoChoice::kFirstPick);
+      EXPECT_EQ(info->large_hash, large->hash);
+      EXPECT_EQ(info->small_hash, small->hash);
+      EXPECT_TRUE(info->hash == large->hash || info->hash == small->hash) << info->description;
+      if (large->hash == small->hash) {
+        EXPECT_EQ(info->choice, LtAlgoChoice::kPicksAgree) << info->description;
+        EXPECT_FALSE(info->timed);
+        EXPECT_EQ(s1.timed_selections, s0.timed_selections);
+        EXPECT_EQ(info->launch_workspace, CublasLtMatmul::kDefaultWorkspaceBytes);
+      } else {
+        // A healthy GPU never fails the timing.
+        EXPECT_TRUE(info->choice == LtAlgoChoice::kTimedLargeKept ||
+                    info->choice == LtAlgoChoice::kTimedSmallWon)
+            << info->description;
+        EXPECT_TRUE(info->timed);
+        EXPECT_EQ(s1.timed_selections, s0.timed_selections + 1);
+        EXPECT_GT(info->large_ms, 0.f);
+        EXPECT_GT(info->small_ms, 0.f);
+        const bool small_won = info->choice == LtAlgoChoice::kTimedSmallWon;
+        EXPECT_EQ(info->hash, small_won ? small->hash : large->hash);
+        EXPECT_EQ(small_won, info->small_ms <= 0.98f * info->large_ms) << info->description;
+        EXPECT_EQ(info->launch_workspace, small_won ? CublasLtMatmul::kSecondPickWorkspaceBytes
+                                                    : CublasLtMatmul::kDefaultWorkspaceBytes);
+      }
+      std::printf("two picks, %s%s %lldx%lldx%lld bias: %s\n", DTypeName(cs.dt),
+                  tf32 ? " tf32" : "", static_cast<long long>(cs.m),
+                  static_cast<long long>(cs.n), static_cast<long long>(cs.k),
+                  info->description.c_str());
+    }
+  }
+}
+
+// kAutotune times its 8 candidates where it applies (>= 8 GFLOP) and nothing
+// else does: a smaller problem gets the two picks; a first-pick runner never
+// times. Runners of different policies share the cache without seeing each
+// other's entries.
+TEST(MatmulAlgoChoice, AutotuneReplacesTwoPicksWhereItApplies) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUBLASLT();
+  auto cache = NewMatmulAlgoCache();
+  auto tuned = CublasLtMatmul::Create(cache, CublasLtMatmul::kDefaultWorkspaceBytes,
+                                      LtAlgoPolicy::kAutotune);
+  auto first = CublasLtMatmul::Create(cache, CublasLtMatmul::kDefaultWorkspaceBytes,
+                                      LtAlgoPolicy::kFirstPick);
+  ASSERT_TRUE(tuned.ok() && first.ok());
+  const int64_t big = 2048;  // 17 GFLOP
+  DeviceBuffer a(big * big * 2), b(big * big * 2), out(big * big * 2);
+  ASSERT_EQ(cudaMemset(a.get(), 0, big * big * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemset(b.get(), 0, big * big * 2), cudaSuccess);
+  MatmulArgs args;
+  args.dtype = DType::kBFloat16;
+  args.m = args.n = args.k = big;
+  args.a = a.get();
+  args.b = b.get();
+  args.out = out.get();
+  auto info = (*tuned)->AlgoInfo(args, nullptr);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->choice, LtAlgoChoice::kAutotuned) << info->description;
+  EXPECT_TRUE(info->timed);
+  EXPECT_EQ((*tuned)->stats().timed_selections, 1);
+  auto plain = (*first)->AlgoInfo(args, nullptr);  // same key but the policy: its own entry
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->choice, LtAlgoChoice::kFirstPick);
+  EXPECT_EQ((*first)->stats().cache_misses, 1);
+  EXPECT_EQ((*first)->stats().timed_selections, 0);
+  args.m = 64;  // 64x2048x2048: 0.5 GFLOP, below the autotune threshold
+  auto small = (*tuned)->AlgoInfo(args, nullptr);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_NE(small->choice, LtAlgoChoice::kAutotuned) << small->description;
+  EXPECT_NE(small->choice, LtAlgoChoice::kFirstPick) << small->description;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+TEST(MatmulTestConfig, ImplsListIsValid) {
+  // Fails (ADD_FAILURE in EnabledKernels) on an unknown FUSEBOX_MATMUL_TEST_IMPLS item.
+  EXPECT_NE(EnabledKernels(), 0u) << "FUSEBOX_MATMUL_TEST_IMPLS selects nothing";
 }
 
 TEST(MatmulValidation, RejectsBadShapes) {
