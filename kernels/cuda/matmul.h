@@ -76,8 +76,9 @@ enum class LtAlgoPolicy {
   // byte): that one, untimed -- so wherever the workspace does not change the
   // pick (fp16/bf16 in run 4) this is exactly kFirstPick. Different: both are
   // timed once on the call's own buffers and stream (one warm-up each, then 3
-  // rounds alternating large, small; CUDA events around each launch; L2 not
-  // flushed, warm, as a server cannot flush it), and the 1 MiB pick is cached
+  // rounds alternating large, small; CUDA events around each launch, each
+  // after a 64 MiB memset that pushes the operands out of L2, as the
+  // benchmarks time them), and the 1 MiB pick is cached
   // only if its median is at least 2% below the large pick's; otherwise, and
   // whenever the timing fails, the large pick. Run 4 on the H200: each of the
   // two picks was the faster one on some fp32/tf32 shapes (by 5-25%), so no
@@ -114,7 +115,7 @@ struct LtAlgoInfo {
   uint64_t hash = 0;             // FNV-1a of the opaque algorithm: equal hash, same kernel+config
   uint64_t large_hash = 0;       // two picks: the large-workspace pick (0 if not asked)
   uint64_t small_hash = 0;       // two picks: the small-workspace pick (0 if not asked)
-  float large_ms = 0, small_ms = 0;  // two picks, timed: median of the 3 rounds (warm L2)
+  float large_ms = 0, small_ms = 0;  // two picks, timed: median of the 3 rounds (L2 flushed)
   size_t workspace_needed = 0;   // what the algorithm uses of the workspace
   size_t launch_workspace = 0;   // the workspace size handed to cublasLtMatmul
   std::string description;       // DescribeAlgo's text

@@ -10,7 +10,8 @@
 // workspace size, policy) and cached; then one cublasLtMatmul launch. The
 // default policy (two picks) asks the heuristic twice on a miss (32 MiB and
 // 1 MiB preference) and, only where the answers differ, times both: 2 warm-ups
-// + 6 launches + one wait, once per key and device, i.e. ~8x the kernel's time
+// + 6 launches, each after a 64 MiB L2-flushing memset, + one wait, once per
+// key and device, i.e. ~8x the kernel's time
 // (tf32 64x4096x4096: ~0.3 ms; fp32 exact 4096^3: ~20 ms; 8192^3: ~0.2 s).
 // Optionally (kAutotune), problems of >= 8 GFLOP time the
 // heuristic's first 8 candidates instead. The workspace (kDefaultWorkspaceBytes
@@ -166,8 +167,14 @@ constexpr int kTuneReps = 2;
 // the margin the small-workspace pick must win by to replace the large one.
 constexpr int kPickRounds = 3;
 constexpr float kSmallPickMinGain = 0.02f;
-// Events: 2 x kPickRounds + 1 boundaries for the two picks; autotune uses 2.
-constexpr int kNumEvents = 2 * kPickRounds + 1;
+// Events: a start and an end around each of the 2 x kPickRounds timed launches of
+// the two picks; autotune uses 2.
+constexpr int kNumEvents = 4 * kPickRounds;
+// Two picks: bytes written before each timed launch to push the operands out of
+// L2 (50 MB on the H100 / H200), so that the picks are compared as the
+// benchmarks compare them: on operands read from HBM (run 5: on 64x4096x4096
+// TF32 the warm-L2 timing kept the pick that is 4% slower cold).
+constexpr size_t kPickFlushBytes = size_t{64} << 20;
 
 // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
 uint64_t AlgoHash(const cublasLtMatmulAlgo_t& algo) {
@@ -406,30 +413,40 @@ absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
 }
 
 // Times the two picks on the call's buffers and stream: one warm-up each, then
-// kPickRounds rounds of (large, small), an event at every boundary, one wait
-// at the end. L2 is not flushed (warm, as in a server that cannot flush it);
-// both picks see the same warm L2. args.out is written by every launch and
-// then again by the real one. Any failure: false, and the error it left is
-// cleared (a sticky error would still fail the real launch, which reports it).
+// kPickRounds rounds of (large, small), each launch after a 64 MiB memset of a
+// scratch buffer (L2 flush; the scratch comes from the stream-ordered pool
+// and goes back after; without it the picks are timed on a warm L2) and
+// between its own start and end events; one wait at the end. args.out is
+// written by every launch and then again by the real one. Any failure: false,
+// and the error it left is cleared (a sticky error would still fail the real
+// launch, which reports it).
 bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
                                const cublasLtMatmulAlgo_t& large, size_t large_ws,
                                const cublasLtMatmulAlgo_t& small, size_t small_ws,
                                cudaStream_t stream, float* large_ms, float* small_ms) {
   cudaEvent_t* ev = impl_->events;
-  bool ok = Launch(args, plan, large, large_ws, stream).ok() &&
-            Launch(args, plan, small, small_ws, stream).ok() &&
-            cudaEventRecord(ev[0], stream) == cudaSuccess;
-  for (int r = 0; r < kPickRounds && ok; ++r) {
-    ok = Launch(args, plan, large, large_ws, stream).ok() &&
-         cudaEventRecord(ev[2 * r + 1], stream) == cudaSuccess &&
-         Launch(args, plan, small, small_ws, stream).ok() &&
-         cudaEventRecord(ev[2 * r + 2], stream) == cudaSuccess;
+  void* scratch = nullptr;
+  if (cudaMallocAsync(&scratch, kPickFlushBytes, stream) != cudaSuccess) {
+    cudaGetLastError();
+    scratch = nullptr;
   }
+  // Launch i of the timed ones (even: large, odd: small) between ev[2i] and ev[2i + 1].
+  auto timed = [&](int i, const cublasLtMatmulAlgo_t& algo, size_t ws) {
+    return (scratch == nullptr || cudaMemsetAsync(scratch, i, kPickFlushBytes, stream) == cudaSuccess) &&
+           cudaEventRecord(ev[2 * i], stream) == cudaSuccess && Launch(args, plan, algo, ws, stream).ok() &&
+           cudaEventRecord(ev[2 * i + 1], stream) == cudaSuccess;
+  };
+  bool ok = Launch(args, plan, large, large_ws, stream).ok() &&
+            Launch(args, plan, small, small_ws, stream).ok();
+  for (int r = 0; r < kPickRounds && ok; ++r) {
+    ok = timed(2 * r, large, large_ws) && timed(2 * r + 1, small, small_ws);
+  }
+  if (scratch != nullptr) cudaFreeAsync(scratch, stream);
   // Whatever was enqueued, wait for it: the events are reused by the next key.
   if (cudaStreamSynchronize(stream) != cudaSuccess) ok = false;
   float t[2 * kPickRounds] = {};
   for (int i = 0; i < 2 * kPickRounds && ok; ++i) {
-    ok = cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]) == cudaSuccess;
+    ok = cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]) == cudaSuccess;
   }
   if (!ok) {
     cudaGetLastError();
