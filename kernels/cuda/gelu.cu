@@ -21,11 +21,12 @@
 namespace fusebox::cuda {
 namespace {
 
-// Measured on the H200 (2026-11-29, bench/gpu/NOTES.md): 128 threads x 2 vectors with streaming
-// hints reach the copy ceiling (4274 | 4262 GB/s fp32 | bf16); 256 x 4 stayed at 97%.
+// Measured on the H200 (bench/gpu/NOTES.md): 128 threads x 2 vectors reach the copy ceiling
+// (4274 | 4262 GB/s fp32 | bf16); 256 x 4 stayed at 97%. Plain loads and stores: streaming (.cs)
+// stores lose 2-5% when L2 holds ordinary lines, as in a process that runs other work (run 4).
 constexpr int kThreads = 128;
 constexpr int kUnroll = 2;
-constexpr bool kDefaultStreaming = true;
+constexpr bool kDefaultStreaming = false;
 constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f;
 constexpr float kB = 0.044715f * kA;
 

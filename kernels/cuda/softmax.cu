@@ -46,7 +46,7 @@ constexpr int kSmallThreads = 256;
 constexpr int kChunkMaxThreads = 512;
 constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster path
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
-constexpr bool kDefaultStreaming = true;    // .cs loads/stores unless KernelChoice::streaming says
+constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
 
 // ------------------------------------------------------------------------------ short rows
 template <typename T, int W, int VPT>
