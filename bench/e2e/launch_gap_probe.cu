@@ -4,9 +4,9 @@
 //   idle       stream idle: record `in`, launch, record `kernel`, sync; then a pause
 //              (300 us: an RPC round trip), like a server call on a resident tensor
 //   idle-long  the same with a 20 ms pause (clocks may drop while idle)
-//   spin-gate  like idle, but a 1-thread kernel spins on a word of mapped host memory
-//              (bounded by a 2 ms timeout) before `in`; the host writes the word once the
-//              launch and `kernel` are enqueued
+//   spin-gate  like idle, but the server's kernel gate (server/cuda/stream_gate.cu: a 1-thread
+//              kernel polling a word of mapped host memory, here with a 2 ms timeout) before
+//              `in`; the host writes the word once the launch and `kernel` are enqueued
 //   wait-gate  the same gate through cuStreamWaitValue32 (driver entry point, no libcuda link)
 //   spin-long  spin-gate with the 20 ms pause
 // If idle >> bench and spin-gate ~ bench: host launch gap. If idle-long >> idle and the gate
@@ -23,6 +23,7 @@
 
 #include "bench/gpu/memory_bound_fill.h"
 #include "kernels/cuda/launch.h"
+#include "server/cuda/stream_gate.h"
 
 namespace {
 using fusebox::DType;
@@ -36,16 +37,6 @@ namespace fc = fusebox::cuda;
       std::exit(1);                                                                 \
     }                                                                               \
   } while (0)
-
-__global__ void SpinGate(const volatile uint32_t* word, uint32_t seq, uint64_t timeout_ns) {
-  uint64_t t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (*word != seq) {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > timeout_ns) break;
-    __nanosleep(200);
-  }
-}
 
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -122,7 +113,7 @@ int main() {
         }
         const bool gate = way >= 3;
         ++seq;
-        if (gate && way != 4) SpinGate<<<1, 1, 0, s>>>(dword, seq, 2000000);
+        if (gate && way != 4) CK(fusebox::cuda_backend::LaunchStreamGate(dword, seq, 2000000, s));
         if (way == 4) {
           if (wait_value(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dword), seq,
                          CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
