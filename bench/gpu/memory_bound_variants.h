@@ -22,7 +22,7 @@ inline std::vector<Shape> RowShapes() {
 constexpr int64_t kGeluElements = int64_t{1} << 28;
 
 inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int smem, int long_rows,
-                                 int pipeline = 0, int streaming = 0) {
+                                 int pipeline = 0, int streaming = 0, int exp_once = 0) {
   cuda::KernelChoice k;
   k.threads_per_row = tpr;
   k.vectors_per_thread = vpt;
@@ -32,6 +32,7 @@ inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int
   k.long_rows = long_rows;
   k.pipeline = pipeline;
   k.streaming = streaming;
+  k.exp_once = exp_once;
   return k;
 }
 
@@ -68,6 +69,12 @@ inline std::vector<Variant> Variants() {
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 1, 1, 128, 0, 1), "block t=128 v=1");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 2, 1, 64, 0, 1), "block t=64 v=2");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=32 plain");
+  // One exp per element (e^(x - max) kept in registers), as the automatic short-row choice.
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
+      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, 1), "rows exp-once");
+    }
+  }
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 0, kPlain), "block t=256 plain");
   add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 2, 1, 512, 0, 1), "block t=512 v=2");

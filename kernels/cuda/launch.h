@@ -48,6 +48,9 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
+//   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
+//                     output (one exp per element instead of two; vectors_per_thread x elements
+//                     per access <= 32), -1 = recompute it (the automatic choice until measured)
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
@@ -58,6 +61,7 @@ struct KernelChoice {
   int long_rows = 0;
   int pipeline = 0;
   int streaming = 0;
+  int exp_once = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

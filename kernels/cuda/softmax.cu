@@ -3,7 +3,8 @@
 // Cost: one read and one write of every element (2 rows cols sizeof(T) bytes) for rows up to
 // 2^20 fp32 / 2^21 half elements, which are held on chip (registers + shared memory) between the
 // reduction and the output pass. Longer rows read the part that does not fit a second time (from
-// L2 where it still is). Arithmetic: two exp2 per element (sum, output), about 10 instructions.
+// L2 where it still is). Arithmetic: two exp2 per element (sum, output), about 10 instructions
+// (short rows with KernelChoice::exp_once: one, the sum's e^(x - max) kept in registers).
 //
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc <= 512): a group of `tpr` lanes (1..32) per row, each lane holding VPT
@@ -49,7 +50,9 @@ constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
 constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
 
 // ------------------------------------------------------------------------------ short rows
-template <typename T, int W, int VPT>
+// KeepExp: the sum pass keeps each e^(x - max) in registers and the output pass multiplies it by
+// 1/sum (one exp per element, bitwise the same result as recomputing it); VPT x W <= 32 floats.
+template <typename T, int W, int VPT, bool KeepExp = false>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
                                                                     int nacc, int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
@@ -76,6 +79,8 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
     }
   }
   m = GroupMax(m, tpr);  // the row max: no partial-state rules needed below
+  static_assert(!KeepExp || VPT * W <= 32, "KeepExp holds VPT x W floats");
+  float kept[KeepExp ? VPT * W : 1];
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
@@ -84,7 +89,11 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
       float f[W];
       Unpack<T, W>(v[j], f);
 #pragma unroll
-      for (int e = 0; e < W; ++e) s += ExpDiff(f[e], m);
+      for (int e = 0; e < W; ++e) {
+        const float x = ExpDiff(f[e], m);
+        if constexpr (KeepExp) kept[j * W + e] = x;
+        s += x;
+      }
     }
   }
   s = GroupSum(s, tpr);
@@ -94,9 +103,14 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
     const int a = lane + j * tpr;
     if (active && a < nacc) {
       float f[W];
-      Unpack<T, W>(v[j], f);
+      if constexpr (KeepExp) {
 #pragma unroll
-      for (int e = 0; e < W; ++e) f[e] = ExpDiff(f[e], m) * inv;
+        for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
+      } else {
+        Unpack<T, W>(v[j], f);
+#pragma unroll
+        for (int e = 0; e < W; ++e) f[e] = ExpDiff(f[e], m) * inv;
+      }
       StoreHint(cs, dst + a, PackFloats<T, W>(f));
     }
   }
@@ -434,6 +448,7 @@ struct Plan {
   Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
+  bool exp_once = false;                     // short rows: KeepExp
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int nclusters = 0;  // pipelined: clusters launched (persistent)
@@ -543,6 +558,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, per_lane)));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
+    p->exp_once = k.exp_once > 0;  // off unless forced: not yet measured (NOTES.md, next run)
+    const int per_access = p->vec ? W : 1;
+    if (p->exp_once && p->vpt * per_access > 32) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   // Rows spread over the largest clusters: fp32 measured faster with 4 accesses per thread in
@@ -640,6 +658,18 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const T* i = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
+    if (p.exp_once) {  // MakePlan allowed it only where VPT x W <= 32
+      if constexpr (W * 4 <= 32) {
+        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+      }
+      if constexpr (W * 8 <= 32) {
+        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+      }
+      if constexpr (W * 16 <= 32) {
+        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+      }
+      return cudaGetLastError();
+    }
     switch (p.vpt) {
       case 4: SoftmaxSmallKernel<T, W, 4><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
       case 8: SoftmaxSmallKernel<T, W, 8><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
@@ -700,8 +730,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kRows) {
-    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
+                  p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "");
   } else {
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
