@@ -317,6 +317,38 @@ TEST_P(MemoryBound, SoftmaxSpecialRows) {
   }
 }
 
+// Short rows with exp_once (e^(x - max) kept in registers) give the same bits as recomputing it,
+// special rows included: the sum and the output see the same e^(x - max) either way.
+TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
+  const DType dt = GetParam();
+  const size_t es = ElementSize(dt);
+  for (int64_t cols : {int64_t{1}, int64_t{3}, int64_t{100}, int64_t{128}, int64_t{1024}}) {
+    const int64_t rows = 301;
+    std::vector<uint8_t> in = ref::RandomTensor(dt, rows * cols, -10.f, 10.f, FreshSeed());
+    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+    for (int64_t c = 0; c < cols; ++c) set(0, c, -kInf);
+    set(1, cols / 2, kNaN);
+    set(2, cols - 1, kInf);
+    for (int64_t c = 0; c < cols; c += 2) set(3, c, -kInf);
+    for (size_t off : {size_t{0}, size_t{1}}) {  // vector and scalar paths
+      std::vector<uint8_t> once, twice;
+      KernelChoice k1, k2;
+      k1.exp_once = 1;
+      k2.exp_once = -1;
+      const std::string where = Where(dt, rows, cols, off * es, off * es, 0, "exp_once");
+      ASSERT_TRUE(RunOp(in, off * es, rows * cols * es, off * es,
+                        [&](const void* i, void* o) { return cuda::LaunchSoftmaxWith(k1, dt, i, o, rows, cols, nullptr); },
+                        &once))
+          << where;
+      ASSERT_TRUE(RunOp(in, off * es, rows * cols * es, off * es,
+                        [&](const void* i, void* o) { return cuda::LaunchSoftmaxWith(k2, dt, i, o, rows, cols, nullptr); },
+                        &twice))
+          << where;
+      EXPECT_EQ(once, twice) << where;
+    }
+  }
+}
+
 // The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
 // clusters of 1..16, shared memory in one or several pieces, and a streamed remainder.
 TEST_P(MemoryBound, SoftmaxPipelinedRefills) {
