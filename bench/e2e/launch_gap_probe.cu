@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/gpu/check_cuda.h"
 #include "bench/gpu/memory_bound_fill.h"
 #include "kernels/cuda/launch.h"
 #include "server/cuda/stream_gate.h"
@@ -28,15 +29,6 @@
 namespace {
 using fusebox::DType;
 namespace fc = fusebox::cuda;
-
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
 
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
@@ -46,7 +38,7 @@ struct Case { const char* name; int op; DType dt; int64_t rows, cols; };
 
 int main() {
   cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   const Case cases[] = {
       {"rowsum bf16 262144x128", 2, DType::kBFloat16, 262144, 128},
       {"rowsum f32 8192x8192", 2, DType::kFloat32, 8192, 8192},
@@ -57,19 +49,19 @@ int main() {
   const size_t max_bytes = size_t{1} << 30;
   void *in, *out, *flush;
   float* flush_out;
-  CK(cudaMalloc(&in, max_bytes));
-  CK(cudaMalloc(&out, max_bytes));
-  CK(cudaMalloc(&flush, size_t{256} << 20));
-  CK(cudaMalloc(&flush_out, 1024 * sizeof(float)));
-  CK(fusebox::bench::FillUniform(DType::kFloat32, flush, (size_t{256} << 20) / 4, -1, 1, 7, s));
-  CK(fusebox::bench::FillUniform(DType::kFloat32, in, max_bytes / 4, -1, 1, 9, s));
-  CK(cudaStreamSynchronize(s));
+  CHECK_CUDA(cudaMalloc(&in, max_bytes));
+  CHECK_CUDA(cudaMalloc(&out, max_bytes));
+  CHECK_CUDA(cudaMalloc(&flush, size_t{256} << 20));
+  CHECK_CUDA(cudaMalloc(&flush_out, 1024 * sizeof(float)));
+  CHECK_CUDA(fusebox::bench::FillUniform(DType::kFloat32, flush, (size_t{256} << 20) / 4, -1, 1, 7, s));
+  CHECK_CUDA(fusebox::bench::FillUniform(DType::kFloat32, in, max_bytes / 4, -1, 1, 9, s));
+  CHECK_CUDA(cudaStreamSynchronize(s));
 
   uint32_t* word = nullptr;
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&word), sizeof(uint32_t), cudaHostAllocMapped));
+  CHECK_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&word), sizeof(uint32_t), cudaHostAllocMapped));
   *word = 0;
   uint32_t* dword = nullptr;
-  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dword), word, 0));
+  CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dword), word, 0));
   WaitValueFn wait_value = nullptr;
   cudaDriverEntryPointQueryResult q;
   if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", reinterpret_cast<void**>(&wait_value),
@@ -84,8 +76,8 @@ int main() {
   cudaGetLastError();
 
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
   uint32_t seq = 0;
   auto launch = [&](const Case& c) {
     switch (c.op) {
@@ -106,27 +98,27 @@ int main() {
       const int reps = way == 2 || way == 5 ? 15 : 30;
       for (int r = 0; r < reps + 3; ++r) {
         if (way == 0) {
-          CK(fc::LaunchRowSum(DType::kFloat32, flush, flush_out, 1024, 65536, s));
+          CHECK_CUDA(fc::LaunchRowSum(DType::kFloat32, flush, flush_out, 1024, 65536, s));
         } else {
-          CK(cudaStreamSynchronize(s));
+          CHECK_CUDA(cudaStreamSynchronize(s));
           std::this_thread::sleep_for(std::chrono::microseconds(way == 2 || way == 5 ? 20000 : 300));
         }
         const bool gate = way >= 3;
         ++seq;
-        if (gate && way != 4) CK(fusebox::cuda_backend::LaunchStreamGate(dword, seq, 2000000, s));
+        if (gate && way != 4) CHECK_CUDA(fusebox::cuda_backend::LaunchStreamGate(dword, seq, 2000000, s));
         if (way == 4) {
           if (wait_value(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dword), seq,
                          CU_STREAM_WAIT_VALUE_GEQ) != CUDA_SUCCESS) {
             std::printf("(wait failed)");
           }
         }
-        CK(cudaEventRecord(e0, s));
-        CK(launch(c));
-        CK(cudaEventRecord(e1, s));
+        CHECK_CUDA(cudaEventRecord(e0, s));
+        CHECK_CUDA(launch(c));
+        CHECK_CUDA(cudaEventRecord(e1, s));
         if (gate) __atomic_store_n(word, seq, __ATOMIC_SEQ_CST);
-        CK(cudaEventSynchronize(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
         float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
         if (r >= 3) t.push_back(ms * 1000);
       }
       std::sort(t.begin(), t.end());

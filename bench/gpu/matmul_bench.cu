@@ -21,21 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/check_cuda.h"
 #include "kernels/cuda/matmul.h"
 
 namespace {
 
 using fusebox::DType;
 namespace fc = fusebox::cuda;
-
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 __device__ uint32_t Hash(uint64_t i, uint32_t seed) {
   uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;

@@ -20,21 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/check_cuda.h"
 #include "bench/gpu/memory_bound_fill.h"
 #include "bench/gpu/memory_bound_variants.h"
 #include "kernels/cuda/launch.h"
 
 namespace fusebox::bench {
 namespace {
-
-#define CHECK_CUDA(x)                                                                       \
-  do {                                                                                      \
-    const cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
-  } while (0)
 
 struct Record {
   std::string op, dtype, impl, desc, error;

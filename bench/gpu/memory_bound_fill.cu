@@ -6,6 +6,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/cuda/common.cuh"
+
 namespace fusebox::bench {
 namespace {
 
@@ -18,19 +20,10 @@ __device__ __forceinline__ float Uniform01(uint64_t seed, int64_t i) {
 }
 
 template <typename T>
-__device__ __forceinline__ T Convert(float x);
-template <>
-__device__ __forceinline__ float Convert<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half Convert<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 Convert<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <typename T>
 __global__ void FillKernel(T* p, int64_t n, float lo, float hi, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    p[i] = Convert<T>(lo + (hi - lo) * Uniform01(seed, i));
+    p[i] = cuda::FromFloat<T>(lo + (hi - lo) * Uniform01(seed, i));
   }
 }
 
