@@ -5,9 +5,10 @@
 //
 // op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
-// choice: nullptr = the plain launcher (the automatic choice the server uses); else 8 ints in
+// choice: nullptr = the plain launcher (the automatic choice the server uses); else 9 ints in
 //   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-//   long_rows, pipeline, streaming (0 = automatic), as memory_bound_variants.h forces them.
+//   long_rows, pipeline, streaming, exp_once (0 = automatic), as memory_bound_variants.h forces
+//   them (memory_bound_peers.py --variant).
 // stream: a cudaStream_t (torch.cuda.current_stream().cuda_stream).
 // Returns the launch's cudaError_t (0 = success; an unknown op or dtype gives cudaErrorInvalidValue).
 #include <cuda_runtime_api.h>
@@ -34,6 +35,7 @@ fc::KernelChoice ToChoice(const int32_t* c) {
     k.long_rows = c[5];
     k.pipeline = c[6];
     k.streaming = c[7];
+    k.exp_once = c[8];
   }
   return k;
 }

@@ -18,7 +18,14 @@ written once. Without the library (--capi, else next to this script or in ../lib
 timed alone and the verdict falls back to memory_bound_bench.cc's numbers.
 Cost: about a minute of compiling on the device.
 
+A/B runs: --only CASE (repeatable) keeps the listed cases, CASE = op:dtype:ROWSxCOLS (gelu's
+ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), which adds a forced kernel choice of
+ours to that case, timed in the same interleaved rounds as "ours:key=v,...". Keys are
+KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
+long_rows, pipeline, streaming, exp_once). Variants are checked against eager like ours.
+
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
+                             [--only CASE ...] [--variant CASE:key=v,... ...]
 """
 import argparse
 import ctypes
@@ -39,6 +46,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}  # fusebox::DType
 OP_CODES = {"gelu": 0, "softmax": 1, "rowsum": 2}  # memory_bound_capi.cc
 CAPI_NAME = "libfusebox_memory_bound_capi.so"
+PROFILE_TIMED = os.environ.get("FUSEBOX_PROFILE_TIMED") == "1"  # profiler on around the timed rounds only
+CHOICE_KEYS = ["threads_per_row", "vectors_per_thread", "cluster", "threads", "smem_bytes", "long_rows",
+               "pipeline", "streaming", "exp_once"]  # KernelChoice order (memory_bound_capi.cc)
 
 # ----------------------------------------------------------------------------- Triton kernels
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -145,14 +155,20 @@ class Ours:
         self.error_name = lib.fusebox_bench_cuda_error_name
         self.error_name.restype = ctypes.c_char_p
         self.error_name.argtypes = [ctypes.c_int]
+        self._keep = []
 
-    def _args(self, op, x, out):
+    def _args(self, op, x, out, choice=None):
         rows, cols = (1, x.numel()) if op == "gelu" else x.shape
-        return [OP_CODES[op], DTYPE_CODES[x.dtype], x.data_ptr(), out.data_ptr(), rows, cols, None]
+        c = None
+        if choice:
+            c = (ctypes.c_int32 * len(CHOICE_KEYS))(*[choice.get(k, 0) for k in CHOICE_KEYS])
+            self._keep.append(c)  # the array must outlive every call that passes it
+        return [OP_CODES[op], DTYPE_CODES[x.dtype], x.data_ptr(), out.data_ptr(), rows, cols, c]
 
-    def launcher(self, op, x, out):
-        """A no-argument call of ours on x into out; raises on a launch error."""
-        args = self._args(op, x, out) + [torch.cuda.current_stream().cuda_stream]
+    def launcher(self, op, x, out, choice=None):
+        """A no-argument call of ours on x into out (choice: {KernelChoice field: value}, None = the
+        automatic choice); raises on a launch error."""
+        args = self._args(op, x, out, choice) + [torch.cuda.current_stream().cuda_stream]
 
         def run():
             rc = self.fn(*args)
@@ -160,9 +176,9 @@ class Ours:
                 raise RuntimeError(f"fusebox_bench_memory_bound({op}): {self.error_name(rc).decode()} ({rc})")
         return run
 
-    def describe(self, op, x, out):
+    def describe(self, op, x, out, choice=None):
         buf = ctypes.create_string_buffer(128)
-        self.describe_fn(*self._args(op, x, out), buf, len(buf))
+        self.describe_fn(*self._args(op, x, out, choice), buf, len(buf))
         return buf.value.decode()
 
 
@@ -204,6 +220,9 @@ class Timer:
             except Exception as e:  # a peer that fails is reported, not fatal
                 out[name] = e
         times = {name: [] for name, _ in live}
+        if PROFILE_TIMED:  # run_device.sh peerprof: ncu --profile-from-start off sees the timed calls only
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
         for rep in range(self.reps):
             k = rep % max(1, len(live))
             for name, fn in live[k:] + live[:k]:
@@ -220,6 +239,8 @@ class Timer:
                     continue
                 times[name].append((a, b))
         torch.cuda.synchronize()
+        if PROFILE_TIMED:
+            torch.cuda.profiler.stop()
         for name, ev in times.items():
             if name not in out:
                 t = sorted(a.elapsed_time(b) for a, b in ev)
@@ -233,7 +254,25 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true", help="ours, eager and Triton only (no torch.compile)")
     ap.add_argument("--capi", help=f"path of {CAPI_NAME} (default: next to this script, then ../lib)")
+    ap.add_argument("--only", action="append", default=[], metavar="CASE", help="op:dtype:ROWSxCOLS (repeatable)")
+    ap.add_argument("--variant", action="append", default=[], metavar="CASE:key=v,...",
+                    help="a forced kernel choice of ours timed beside the automatic one (repeatable)")
     args = ap.parse_args()
+    variants = {}  # case -> [(label, {field: value})]
+    for v in args.variant:
+        key, _, kv = v.rpartition(":")
+        try:
+            choice = {k: int(x) for k, x in (item.split("=") for item in kv.split(","))}
+        except ValueError:
+            ap.error(f"--variant {v}: expected op:dtype:ROWSxCOLS:key=v,...")
+        bad = [k for k in choice if k not in CHOICE_KEYS]
+        if bad:
+            ap.error(f"--variant {v}: unknown field(s) {bad}; known: {CHOICE_KEYS}")
+        variants.setdefault(key, []).append((kv, choice))
+    only = set(args.only) | set(variants)  # empty: every case
+
+    def wanted(op, dname, rows, cols):
+        return not only or f"{op}:{dname}:{rows}x{cols}" in only
     torch.ones(1, device="cuda").sum()  # CUDA up in torch first; our library then shares its context
     ours = load_ours(args.capi)
     timer = Timer(args.reps)
@@ -310,18 +349,21 @@ def main():
 
     def case(op, dname, rows, cols, nbytes, x, out, peers):
         """Checks ours on x (output into out), then times ours and the peers interleaved."""
-        impls, err, desc = list(peers), "", ""
+        if not wanted(op, dname, rows, cols):
+            return
+        impls, errs, descs = list(peers), {}, {}
         if ours is not None:
-            run = ours.launcher(op, x, out)
-            err, desc = check_ours(op, x, out, run), ours.describe(op, x, out)
-            impls.insert(0, ("ours", run))
+            mine = [("ours", None)] + [("ours:" + label, c) for label, c in variants.get(f"{op}:{dname}:{rows}x{cols}", [])]
+            for name, choice in reversed(mine):
+                run = ours.launcher(op, x, out, choice)
+                errs[name], descs[name] = check_ours(op, x, out, run), ours.describe(op, x, out, choice)
+                impls.insert(0, (name, run))
         res = timer.time(impls)
         gbps = {}
         for name, _ in impls:
-            mine = name == "ours"
-            gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], desc if mine else "",
-                              err if mine else "")
-        best = max((n for n in gbps if n != "ours"), key=gbps.get, default=None)
+            gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], descs.get(name, ""), errs.get(name, ""))
+        err = errs.get("ours", "")
+        best = max((n for n in gbps if not n.startswith("ours")), key=gbps.get, default=None)
         if ours is not None and best and gbps[best] > 0:
             print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){' WRONG' if err else ''}",
                   flush=True)
@@ -331,16 +373,21 @@ def main():
 
     for dname, dt in DTYPES.items():
         es = torch.finfo(dt).bits // 8
-        x = torch.empty(GELU_N, device="cuda", dtype=dt).uniform_(-4, 4)
-        y = torch.empty_like(x)
-        peers = [("torch_eager", lambda: F.gelu(x, approximate="tanh"))]
-        if not args.quick:
-            g = compiled(lambda t: F.gelu(t, approximate="tanh"))
-            peers.append(("torch_compile", lambda: g(x)))
-        peers.append(("triton", lambda: triton_gelu(x, y)))
-        case("gelu", dname, 1, GELU_N, 2.0 * GELU_N * es, x, y, peers)
+        if not wanted("gelu", dname, 1, GELU_N):
+            x = y = None  # nothing to time: no 1 GiB tensors, no compile
+        else:
+            x = torch.empty(GELU_N, device="cuda", dtype=dt).uniform_(-4, 4)
+            y = torch.empty_like(x)
+            peers = [("torch_eager", lambda: F.gelu(x, approximate="tanh"))]
+            if not args.quick:
+                g = compiled(lambda t: F.gelu(t, approximate="tanh"))
+                peers.append(("torch_compile", lambda: g(x)))
+            peers.append(("triton", lambda: triton_gelu(x, y)))
+            case("gelu", dname, 1, GELU_N, 2.0 * GELU_N * es, x, y, peers)
         del x, y
         for rows, cols in SHAPES:
+            if not (wanted("softmax", dname, rows, cols) or wanted("rowsum", dname, rows, cols)):
+                continue
             x = torch.empty(rows, cols, device="cuda", dtype=dt).uniform_(-4, 4)
             y = torch.empty_like(x)
             ys = torch.empty(rows, device="cuda", dtype=torch.float32)

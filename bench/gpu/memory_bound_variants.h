@@ -102,6 +102,17 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
+  // Long rows: loads in flight per thread x threads per block (run 5; the default is u=8 t=256).
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    for (Shape sh : {Shape{8192, 8192}, Shape{128, 1048576}}) {
+      add("rowsum", sh, d, Choice(0, 4, 0, 256, 0, 1), "block u=4 t=256");
+      add("rowsum", sh, d, Choice(0, 16, 0, 256, 0, 1), "block u=16 t=256");
+      add("rowsum", sh, d, Choice(0, 8, 0, 512, 0, 1), "block u=8 t=512");
+      add("rowsum", sh, d, Choice(0, 4, 0, 1024, 0, 1), "block u=4 t=1024");
+    }
+  }
+  add("rowsum", {2048, 32768}, D::kFloat32, Choice(0, 8, 0, 512, 0, 1), "block u=8 t=512");
+  add("rowsum", {2048, 32768}, D::kFloat32, Choice(0, 4, 0, 1024, 0, 1), "block u=4 t=1024");
   return v;
 }
 

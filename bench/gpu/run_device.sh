@@ -9,9 +9,15 @@
 #             the peers (torch eager, torch.compile, Triton) timed interleaved in one process,
 #             and the ceilings; then the verdict table (from the in-process numbers)     ~2-3 min
 #   quick     bench without torch.compile and without our variants                  ~1 min
+#   ab        in-process A/B: memory_bound_peers.py with the flags in AB (--only CASE,
+#             --variant CASE:key=v,...), e.g. AB="--variant softmax:bfloat16:65536x1024:exp_once=1"
+#   peerprof  Nsight Compute on ours and the torch.compile / eager kernels of the cases in
+#             PEERPROF ("op:dtype:RxC ..."), run inside memory_bound_peers.py; torch.compile's
+#             generated code goes to inductor.log
 # Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
 # under $OUT; prints the verdict table last.
-# usage: COMMIT=<hash> bash .bundle/bin/run_device.sh [test] [sanitize] [bench|quick]
+# usage: COMMIT=<hash> bash .bundle/bin/run_device.sh [test] [sanitize] [bench|quick] [ours] [ab]
+#        [profile] [peerprof]
 set -u -o pipefail
 B=${BUNDLE:-.bundle}
 OUT=${OUT:-/tmp/fusebox-out}
@@ -79,6 +85,26 @@ for step in $steps; do
         "$B/bin/fusebox_gpu_bench_memory_bound" --reps 3 --filter "${c%=*}" >>"$OUT/profile.log" 2>&1 || status=1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Compute \(SM\)|Waves Per SM|Grid Size|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps" \
         "$OUT/profile.log" | tail -n 26
+    done
+    ;;
+  ab)
+    echo "== in-process A/B: ${AB:-}"
+    # shellcheck disable=SC2086  # AB holds several flags
+    python3 "$B/bin/memory_bound_peers.py" --json "$OUT/ab.json" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
+      ${AB:-} 2>&1 | tee -a "$OUT/ab.log" | grep -v "^#" || status=1
+    ;;
+  peerprof)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+    for c in ${PEERPROF:-rowsum:float32:8192x8192}; do
+      echo "== ncu in the peers' process: $c" | tee -a "$OUT/peerprof.log"
+      FUSEBOX_PROFILE_TIMED=1 TORCH_LOGS=output_code timeout 240 "$NCU" --clock-control none --profile-from-start off \
+        -k "regex:${PEERPROF_KERNELS:-RowSum|Softmax|SoftMax|triton_(red|per)_}" --launch-count "${PEERPROF_COUNT:-12}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+        python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peerprof.json" --reps 2 \
+        --capi "$B/bin/libfusebox_memory_bound_capi.so" --only "$c" >>"$OUT/peerprof.log" 2>>"$OUT/inductor.log" ||
+        status=1
+      grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size" \
+        "$OUT/peerprof.log" | tail -n 24
     done
     ;;
   *) echo "unknown step $step"; status=2 ;;

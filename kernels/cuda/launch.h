@@ -40,10 +40,11 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 // cudaErrorInvalidValue.
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
-//                     for the pipelined kernel)
+//                     for the pipelined kernel); long-row row sum: loads in flight per thread
+//                     (with threads 256: 4, 8, 16; 512: 4, 8; 1024: 2, 4)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
-//   threads           long-row kernels: threads per block (multiple of 32, <= 512); short-row
-//                     row sum: threads per block (256, 512 or 1024)
+//   threads           long-row softmax: threads per block (multiple of 32, <= 512); row sum:
+//                     threads per block (256, 512 or 1024)
 //   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel

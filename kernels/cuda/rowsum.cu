@@ -34,28 +34,28 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
   return s;
 }
 
-// Sums accesses first, first + step, ... < n of src, kUnroll loads in flight.
-template <typename T, int W>
+// Sums accesses first, first + step, ... < n of src, U loads in flight.
+template <typename T, int W, int U = kUnroll>
 __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step,
                                             bool cs) {
   using R = typename Pack<T, W>::Raw;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int a = first;
-  for (; a + (kUnroll - 1) * step < n; a += kUnroll * step) {
-    R x[kUnroll];
+  for (; a + (U - 1) * step < n; a += U * step) {
+    R x[U];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) x[u] = LoadHint(cs, src + a + u * step);
+    for (int u = 0; u < U; ++u) x[u] = LoadHint(cs, src + a + u * step);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
+    for (int u = 0; u < U; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
   }
   // Tail: still issue the loads together.
-  R x[kUnroll];
+  R x[U];
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < U; ++u) {
     if (a + u * step < n) x[u] = LoadHint(cs, src + a + u * step);
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
+  for (int u = 0; u < U; ++u) {
     if (a + u * step < n) acc[u & 3] += SumAccess<T, W>(x[u]);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
@@ -73,9 +73,10 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
   if (lane == 0 && row < rows) out[row] = s;
 }
 
-// grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1.
-template <typename T, int W>
-__global__ __launch_bounds__(kThreads) void RowSumChunkKernel(const T* in, float* out, int nacc, int chunk,
+// grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1. U loads in flight per thread, at
+// most MaxT threads per block (the default is U = kUnroll, MaxT = kThreads; others are variants).
+template <typename T, int W, int U = kUnroll, int MaxT = kThreads>
+__global__ __launch_bounds__(MaxT) void RowSumChunkKernel(const T* in, float* out, int nacc, int chunk,
                                                               int csize, bool cs) {
   using R = typename Pack<T, W>::Raw;
   __shared__ float scratch[33];
@@ -84,7 +85,7 @@ __global__ __launch_bounds__(kThreads) void RowSumChunkKernel(const T* in, float
   const int64_t row = blockIdx.x / csize;
   const int a0 = rank * chunk;
   const int n = max(0, min(nacc - a0, chunk));
-  const float s = BlockSum(StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc + a0,
+  const float s = BlockSum(StridedSum<T, W, U>(reinterpret_cast<const R*>(in) + row * nacc + a0,
                                             threadIdx.x, n, blockDim.x, cs),
                            scratch);
   if (csize == 1) {
@@ -109,6 +110,7 @@ struct Plan {
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
+  int unroll = kUnroll;  // long rows: loads in flight per thread
   bool cs = true;
 };
 
@@ -137,7 +139,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
   if (p->csize < 1 || p->csize > 8) return cudaErrorInvalidValue;
   p->threads = k.threads ? k.threads : kThreads;
-  if (p->threads != kThreads) return cudaErrorInvalidValue;
+  p->unroll = k.vectors_per_thread ? k.vectors_per_thread : kUnroll;
+  // Built (threads, loads in flight) pairs: 256 x 4/8/16, 512 x 4/8, 1024 x 2/4.
+  const bool built = (p->threads == 256 && (p->unroll == 4 || p->unroll == 8 || p->unroll == 16)) ||
+                     (p->threads == 512 && (p->unroll == 4 || p->unroll == 8)) ||
+                     (p->threads == 1024 && (p->unroll == 2 || p->unroll == 4));
+  if (!built) return cudaErrorInvalidValue;
   if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   p->chunk = static_cast<int>(CeilDiv(nacc, p->csize));
   return cudaSuccess;
@@ -163,9 +170,19 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, RowSumChunkKernel<T, W>, in, out, p.nacc, p.chunk, p.csize, p.cs);
-  if (e != cudaSuccess) return e;
-  return cudaGetLastError();
+  auto launch = [&](auto kernel) {
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, in, out, p.nacc, p.chunk, p.csize, p.cs);
+    return e != cudaSuccess ? e : cudaGetLastError();
+  };
+  switch (p.threads * 100 + p.unroll) {  // the pairs MakePlan allows
+    case 25604: return launch(RowSumChunkKernel<T, W, 4, 256>);
+    case 25616: return launch(RowSumChunkKernel<T, W, 16, 256>);
+    case 51204: return launch(RowSumChunkKernel<T, W, 4, 512>);
+    case 51208: return launch(RowSumChunkKernel<T, W, 8, 512>);
+    case 102402: return launch(RowSumChunkKernel<T, W, 2, 1024>);
+    case 102404: return launch(RowSumChunkKernel<T, W, 4, 1024>);
+    default: return launch(RowSumChunkKernel<T, W, kUnroll, kThreads>);
+  }
 }
 
 template <typename T>
@@ -212,8 +229,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.cs ? "cs" : "plain");
   } else {
-    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
+                  p.unroll, p.cs ? "cs" : "plain");
   }
 }
 

@@ -383,6 +383,25 @@ TEST_P(MemoryBound, RowSumSpecialRows) {
   }
 }
 
+// Every (threads, loads in flight) pair the long-row row sum is built for, on the vector path
+// and the scalar one (an odd row length), with a block per row and with a cluster of 4; pairs it
+// is not built for are refused.
+TEST_P(MemoryBound, RowSumLongRowKernelShapes) {
+  const std::pair<int, int> built[] = {{256, 4}, {256, 8}, {256, 16}, {512, 4}, {512, 8}, {1024, 2}, {1024, 4}};
+  for (const auto& [threads, unroll] : built) {
+    for (int cluster : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << "threads " << threads << " unroll " << unroll << " cluster " << cluster);
+      CheckRowSum(5, 65536, {0, 0}, bench::Choice(0, unroll, cluster, threads, 0, 1));
+      CheckRowSum(3, 65537, {1, 3}, bench::Choice(0, unroll, cluster, threads, 0, 1));
+    }
+  }
+  DeviceBuffer b(1 << 16);
+  EXPECT_EQ(cuda::LaunchRowSumWith(bench::Choice(0, 16, 0, 512, 0, 1), GetParam(), b.get(),
+                                   reinterpret_cast<float*>(b.get()) + 12000, 2, 4096, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_P(MemoryBound, RowSumZeroColumns) {
   DeviceBuffer out(16 * sizeof(float));
   ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
