@@ -6,7 +6,8 @@ called through libfusebox_memory_bound_capi.so with ctypes on torch's current st
 eager (F.gelu(approximate='tanh'), torch.softmax, torch.sum(dim=-1, dtype=float32)), torch.compile
 of the same function (default mode, static shapes, one compiled function per shape), and a plain
 Triton kernel per op (written the way the Triton tutorials do, not tuned per shape). Also the
-bandwidth ceilings: a 1 GiB device copy (bytes read + written) and a 1 GiB torch.sum (read-only).
+bandwidth ceilings: a 1 GiB device copy (bytes read + written) and a 1 GiB torch.sum (read-only),
+and for context the same at 64 MiB (the smallest cases' size).
 
 Per op / dtype / shape the inputs are made once; ours is first checked against torch eager on
 them (a disagreement is printed and written into the record's "error": it never counts as a
@@ -300,7 +301,13 @@ def main():
                              ("ceiling_read", "torch_sum", 1.0 * a.numel() * 4, lambda: a.sum()),
                              ("ceiling_write", "torch_fill", 1.0 * a.numel() * 4, lambda: b.fill_(1.0))]:
         emit(op, "bytes", 1, a.numel() * 4, impl, nb, timer.time([(impl, fn)])[impl])
-    del a, b
+    # The same at 64 MiB, the size of the smallest cases (bf16 262144x128): what a plain copy or
+    # read of that size reaches with launch, ramp-up and drain included. Context, not the target.
+    a64, b64 = a[:1 << 24], b[:1 << 24]
+    for op, impl, nb, fn in [("ceiling_copy_64MiB", "torch_copy", 2.0 * a64.numel() * 4, lambda: b64.copy_(a64)),
+                             ("ceiling_read_64MiB", "torch_sum", 1.0 * a64.numel() * 4, lambda: a64.sum())]:
+        emit(op, "bytes", 1, a64.numel() * 4, impl, nb, timer.time([(impl, fn)])[impl])
+    del a, b, a64, b64
 
     # Correctness of the Triton peers (a wrong fast peer would make our ratios look worse, a wrong
     # slow one better): compare with eager on small shapes. Reported, not fatal.

@@ -43,15 +43,16 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //                     for the pipelined kernel); long-row row sum: loads in flight per thread
 //                     (with threads 256: 4, 8, 16; 512: 4, 8; 1024: 2, 4)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
-//   threads           long-row softmax: threads per block (multiple of 32, <= 512); row sum:
-//                     threads per block (256, 512 or 1024)
+//   threads           long-row softmax: threads per block (multiple of 32, <= 512); short-row
+//                     softmax: 32, 64, 128 or 256 (>= threads_per_row); row sum: threads per
+//                     block (256, 512 or 1024)
 //   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
-//                     per access <= 32), -1 = recompute it (the automatic choice until measured)
+//                     per access <= 32, automatic where that holds), -1 = recompute it
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

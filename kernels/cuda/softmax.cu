@@ -3,8 +3,8 @@
 // Cost: one read and one write of every element (2 rows cols sizeof(T) bytes) for rows up to
 // 2^20 fp32 / 2^21 half elements, which are held on chip (registers + shared memory) between the
 // reduction and the output pass. Longer rows read the part that does not fit a second time (from
-// L2 where it still is). Arithmetic: two exp2 per element (sum, output), about 10 instructions
-// (short rows with KernelChoice::exp_once: one, the sum's e^(x - max) kept in registers).
+// L2 where it still is). Arithmetic: two exp2 per element (sum, output), about 10 instructions;
+// one exp2 on short rows whose values fit in registers (the sum's e^(x - max) kept for the output).
 //
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc <= 512): a group of `tpr` lanes (1..32) per row, each lane holding VPT
@@ -57,7 +57,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
                                                                     int nacc, int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (kSmallThreads / tpr) + threadIdx.x / tpr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
   const bool active = row < rows;
   const R* src = reinterpret_cast<const R*>(in) + (active ? row : 0) * nacc;
   R* dst = reinterpret_cast<R*>(out) + (active ? row : 0) * nacc;
@@ -558,9 +558,16 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, per_lane)));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
-    p->exp_once = k.exp_once > 0;  // off unless forced: not yet measured (NOTES.md, next run)
+    p->threads = k.threads ? k.threads : kSmallThreads;  // a power of two, tpr..256, >= 32
+    if (p->threads < std::max(32, p->tpr) || p->threads > kSmallThreads || (p->threads & (p->threads - 1)) != 0) {
+      return cudaErrorInvalidValue;
+    }
+    // One exp per element wherever the row's values fit in registers (VPT x W <= 32 floats): bf16
+    // 262144x128 +4%, 65536x1024 +1.7%, fp32 within +-1% (in-process A/B, NOTES.md run 5).
     const int per_access = p->vec ? W : 1;
-    if (p->exp_once && p->vpt * per_access > 32) return cudaErrorInvalidValue;
+    const bool fits = p->vpt * per_access <= 32;
+    p->exp_once = k.exp_once == 0 ? fits : k.exp_once > 0;
+    if (p->exp_once && !fits) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   // Rows spread over the largest clusters: fp32 measured faster with 4 accesses per thread in
@@ -652,7 +659,7 @@ cudaError_t LaunchPipe(const Plan& p, const void* in, void* out, int64_t rows, c
 template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
   if (p.kind == Kind::kRows) {
-    const int rows_per_block = kSmallThreads / p.tpr;
+    const int rows_per_block = p.threads / p.tpr;
     const int64_t blocks = CeilDiv(rows, rows_per_block);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     const T* i = static_cast<const T*>(in);
@@ -660,20 +667,20 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const unsigned g = static_cast<unsigned>(blocks);
     if (p.exp_once) {  // MakePlan allowed it only where VPT x W <= 32
       if constexpr (W * 4 <= 32) {
-        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
       }
       if constexpr (W * 8 <= 32) {
-        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
       }
       if constexpr (W * 16 <= 32) {
-        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
       }
       return cudaGetLastError();
     }
     switch (p.vpt) {
-      case 4: SoftmaxSmallKernel<T, W, 4><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
-      case 8: SoftmaxSmallKernel<T, W, 8><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
-      default: SoftmaxSmallKernel<T, W, 16><<<g, kSmallThreads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      case 4: SoftmaxSmallKernel<T, W, 4><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      case 8: SoftmaxSmallKernel<T, W, 8><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      default: SoftmaxSmallKernel<T, W, 16><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
     }
     return cudaGetLastError();
   }
@@ -730,8 +737,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kRows) {
-    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
-                  p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "");
+    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
+                  p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "");
   } else {
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,

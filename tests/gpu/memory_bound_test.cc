@@ -349,6 +349,26 @@ TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
   }
 }
 
+// The short-row softmax with smaller blocks (fewer rows per block), vector and scalar paths; block
+// sizes it cannot use are refused.
+TEST_P(MemoryBound, SoftmaxShortRowBlockSizes) {
+  for (int threads : {32, 64, 128}) {
+    for (int64_t cols : {int64_t{3}, int64_t{128}, int64_t{1000}, int64_t{1024}}) {
+      SCOPED_TRACE(::testing::Message() << "threads " << threads << " cols " << cols);
+      CheckSoftmax(301, cols, {0, 0}, bench::Choice(0, 0, 0, threads, 0, -1));
+      CheckSoftmax(301, cols, {1, 3}, bench::Choice(0, 0, 0, threads, 0, -1));
+    }
+  }
+  DeviceBuffer b(1 << 16);
+  for (int threads : {16, 48, 512}) {
+    EXPECT_EQ(cuda::LaunchSoftmaxWith(bench::Choice(0, 0, 0, threads, 0, -1), GetParam(), b.get(),
+                                      b.get() + 32768, 4, 128, nullptr),
+              cudaErrorInvalidValue)
+        << threads;
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
 // clusters of 1..16, shared memory in one or several pieces, and a streamed remainder.
 TEST_P(MemoryBound, SoftmaxPipelinedRefills) {
