@@ -69,13 +69,14 @@ inline std::vector<Variant> Variants() {
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 1, 1, 128, 0, 1), "block t=128 v=1");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 2, 1, 64, 0, 1), "block t=64 v=2");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=32 plain");
-  // Short rows: e^(x - max) recomputed (the default before run 5 keeps it), and smaller blocks.
+  // Short rows: e^(x - max) recomputed (the default before run 5), block sizes (run 6: one warp
+  // per block when a warp holds a row, else 256).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
       add("softmax", sh, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rows recompute exp");
-      add("softmax", sh, d, Choice(0, 0, 0, 32, 0, -1), "rows t=32");
       add("softmax", sh, d, Choice(0, 0, 0, 64, 0, -1), "rows t=64");
       add("softmax", sh, d, Choice(0, 0, 0, 128, 0, -1), "rows t=128");
+      add("softmax", sh, d, Choice(0, 0, 0, 256, 0, -1), "rows t=256");
     }
   }
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
@@ -105,9 +106,11 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
-  // Long rows: loads in flight per thread x threads per block (run 5: the default became u=4 t=256).
+  // Long rows: loads in flight per thread x threads per block (run 5-6: the default became u=4
+  // t=256, u=16 for fp32 with >= 64 accesses per thread).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{8192, 8192}, Shape{2048, 32768}, Shape{128, 1048576}}) {
+      add("rowsum", sh, d, Choice(0, 4, 0, 256, 0, 1), "block u=4 t=256");
       add("rowsum", sh, d, Choice(0, 8, 0, 256, 0, 1), "block u=8 t=256 (old default)");
       add("rowsum", sh, d, Choice(0, 16, 0, 256, 0, 1), "block u=16 t=256");
       add("rowsum", sh, d, Choice(0, 8, 0, 512, 0, 1), "block u=8 t=512");
