@@ -92,6 +92,12 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 8, 512, 0, 1), "c=8 +smem +L2");
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 98304, 1), "c=16 96K smem +L2");
+  // Clusters of 15 (fp32: 15 x 288 KiB hold a 4 MiB row; if 8 clusters of 15 fit where 7 of 16
+  // do, 128 rows take 16 waves instead of 19) and other non-power-of-two sizes (run 8).
+  add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 15, 512, 0, 1), "c=15 v=8");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 15, 512, 0, 1), "c=15 v=8");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 12, 512, 0, 1), "c=12 v=8");
+  add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 10, 512, 0, 1), "c=10 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 4, 16, 512, 0, 1), "c=16 v=4");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 8, 512, 0, 1), "c=8 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");

@@ -749,10 +749,22 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
                   p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "");
   } else {
+    // Clusters the device holds at once (pipelined: launched), e.g. 7 of 16 blocks on the H200.
+    std::string clusters;
+    if (p.kind == Kind::kPipe) {
+      clusters = " clusters=" + std::to_string(p.nclusters);
+    } else if (p.csize > 1) {
+      const void* kernel = p.vec ? (dt == DType::kFloat32 ? ChunkKernelPtr<float, 4>(p.vpt)
+                                    : dt == DType::kFloat16 ? ChunkKernelPtr<__half, 8>(p.vpt)
+                                                            : ChunkKernelPtr<__nv_bfloat16, 8>(p.vpt))
+                                 : (dt == DType::kFloat32 ? ChunkKernelPtr<float, 1>(p.vpt)
+                                    : dt == DType::kFloat16 ? ChunkKernelPtr<__half, 1>(p.vpt)
+                                                            : ChunkKernelPtr<__nv_bfloat16, 1>(p.vpt));
+      clusters = " active=" + std::to_string(ActiveClusters(kernel, p.csize, p.threads, p.smem_acc * 16));
+    }
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
-                  p.smem_acc * 16, p.cs ? "cs" : "plain",
-                  p.kind == Kind::kPipe ? (" clusters=" + std::to_string(p.nclusters)).c_str() : "");
+                  p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
 
