@@ -112,14 +112,6 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
-  // Short rows streamed through shared memory by the bulk-copy engine (run 9): 192 KiB of tiles
-  // per block (1 block per SM) or 96 KiB (2 blocks per SM).
-  for (D d : {D::kFloat32, D::kBFloat16}) {
-    for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
-      add("rowsum", sh, d, Choice(0, 0, 0, 0, 0, 0, 1), "stream 192K");
-      add("rowsum", sh, d, Choice(0, 0, 0, 0, 98304, 0, 1), "stream 96K");
-    }
-  }
   // Long rows: loads in flight per thread x threads per block (run 5-6: the default became u=4
   // t=256, u=16 for fp32 with >= 64 accesses per thread).
   for (D d : {D::kFloat32, D::kBFloat16}) {

@@ -46,11 +46,9 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   threads           long-row softmax: threads per block (multiple of 32, <= 512); short-row
 //                     softmax: 32, 64, 128 or 256 (>= threads_per_row); row sum: threads per
 //                     block (256, 512 or 1024)
-//   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none);
-//                     streamed row sum: shared memory per block for tiles (default 192 KiB)
+//   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
-//   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel;
-//                     short-row row sum: 1 = streamed through shared memory (vector path only)
+//   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements

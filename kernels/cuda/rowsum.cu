@@ -9,15 +9,10 @@
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), kLongUnroll loads in
 //    flight per thread; each block sums its chunk, the cluster's block 0 adds the C partial sums from distributed shared memory in rank
 //    order (deterministic, no atomics, no workspace) and writes the row's result.
-//  - short rows, streamed (opt-in, KernelChoice::pipeline = 1): persistent blocks whose tiles of
-//    whole rows the bulk-copy engine lands in shared memory several tiles ahead (RowSumStreamKernel).
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 #include <algorithm>
 #include <climits>
 #include <cstdio>
-#include <map>
-#include <mutex>
-#include <tuple>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -110,129 +105,15 @@ __global__ __launch_bounds__(MaxT) void RowSumChunkKernel(const T* in, float* ou
   ClusterWait();
 }
 
-// Short rows, streamed through shared memory (opt-in, KernelChoice::pipeline = 1; vector path):
-// persistent blocks, each takes tiles blockIdx.x, + gridDim.x, ... of tile_rows whole rows. The
-// bulk-copy engine fills `stages` tiles ahead into shared memory (one mbarrier each), so the loads
-// in flight per SM are bounded by shared memory (up to 192 KiB), not by registers; the threads sum
-// each landed tile (tpr lanes per row), and thread 0 refills the stage with the block's next tile.
-constexpr int kStreamMaxStages = 8;
-constexpr int kStreamMaxTileBytes = 32 * 1024;
-
-template <typename T>
-__global__ __launch_bounds__(kThreads) void RowSumStreamKernel(const T* in, float* out, int64_t rows, int nacc,
-                                                               int tile_rows, int64_t ntiles, int stages, int tpr) {
-  constexpr int W = 16 / sizeof(T);
-  using R = uint4;
-  extern __shared__ __align__(128) uint4 tiles[];
-  __shared__ __align__(8) uint64_t full[kStreamMaxStages];
-  const int64_t mine = (ntiles - blockIdx.x + gridDim.x - 1) / gridDim.x;  // grid <= ntiles
-  const int stage_acc = tile_rows * nacc;
-  const R* src = reinterpret_cast<const R*>(in);
-  auto rows_in = [&](int64_t k) {
-    const int64_t r0 = (blockIdx.x + k * gridDim.x) * static_cast<int64_t>(tile_rows);
-    return static_cast<int>(min(static_cast<int64_t>(tile_rows), rows - r0));
-  };
-  auto issue = [&](int64_t k) {  // thread 0: this block's k-th tile into stage k % stages
-    const int st = static_cast<int>(k % stages);
-    const int64_t r0 = (blockIdx.x + k * gridDim.x) * static_cast<int64_t>(tile_rows);
-    const uint32_t bytes = static_cast<uint32_t>(rows_in(k)) * static_cast<uint32_t>(nacc) * 16u;
-    MbarArriveExpectTx(&full[st], bytes);
-    BulkLoad(tiles + static_cast<int64_t>(st) * stage_acc, src + r0 * nacc, bytes, &full[st]);
-  };
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < stages; ++st) MbarInit(&full[st], 1);
-    for (int64_t k = 0; k < min(static_cast<int64_t>(stages), mine); ++k) issue(k);
-  }
-  __syncthreads();  // the mbarriers are initialised before anyone waits on them
-  const int lane = threadIdx.x & (tpr - 1), group = threadIdx.x / tpr, groups = blockDim.x / tpr;
-  for (int64_t k = 0; k < mine; ++k) {
-    const int st = static_cast<int>(k % stages);
-    MbarWait(&full[st], static_cast<uint32_t>((k / stages) & 1));
-    const int nr = rows_in(k);
-    const int64_t r0 = (blockIdx.x + k * gridDim.x) * static_cast<int64_t>(tile_rows);
-    const R* sm = tiles + static_cast<int64_t>(st) * stage_acc;
-    for (int rb = 0; rb < nr; rb += groups) {  // uniform trip count: every lane reaches the shuffles
-      const int r = rb + group;
-      float acc = 0.f;
-      if (r < nr) {
-        for (int a = lane; a < nacc; a += tpr) acc += SumAccess<T, W>(sm[r * nacc + a]);
-      }
-      acc = GroupSum(acc, tpr);
-      if (r < nr && lane == 0) out[r0 + r] = acc;
-    }
-    __syncthreads();  // every thread is done reading stage st
-    if (threadIdx.x == 0 && k + stages < mine) {
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // our reads before the copy's writes
-      issue(k + stages);
-    }
-  }
-}
-
 struct Plan {
   bool vec = false;
   bool small = false;
-  bool stream = false;  // short rows through shared memory (RowSumStreamKernel)
-  int tile_rows = 0, stages = 0, grid = 0, smem = 0;
-  int64_t ntiles = 0;
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
   int unroll = kLongUnroll;  // long rows: loads in flight per thread
   bool cs = true;
 };
-
-// Blocks of RowSumStreamKernel<T> per SM with `smem` bytes of tiles, times the SM count; cached per
-// (device, kernel, smem) under a mutex. 0 when the queries fail or the shared memory does not fit.
-// The kernel's dynamic shared-memory limit is raised once per device to the opt-in maximum, so a
-// plan cached earlier never launches above a limit lowered by a later one.
-std::mutex g_stream_mu;
-std::map<std::tuple<int, const void*, int>, int> g_stream_slots;
-
-template <typename T>
-int StreamSlots(int smem) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
-  const void* kernel = reinterpret_cast<const void*>(RowSumStreamKernel<T>);
-  std::lock_guard<std::mutex> lock(g_stream_mu);
-  const auto key = std::make_tuple(dev, kernel, smem);
-  auto it = g_stream_slots.find(key);
-  if (it != g_stream_slots.end()) return it->second;
-  int sms = 0, optin = 0, per_sm = 0;
-  cudaFuncAttributes fa = {};
-  bool ok = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-            cudaFuncGetAttributes(&fa, kernel) == cudaSuccess;
-  const int dyn_max = optin - static_cast<int>(fa.sharedSizeBytes);
-  ok = ok && smem <= dyn_max &&
-       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn_max) == cudaSuccess &&
-       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem) == cudaSuccess;
-  cudaGetLastError();
-  const int slots = ok ? sms * per_sm : 0;
-  g_stream_slots[key] = slots;
-  return slots;
-}
-
-// The streamed short-row plan: tiles of whole rows (<= 32 KiB), as many stages as the shared-memory
-// budget holds (2..8), one persistent block per slot, and tiles sized so that every block gets the
-// same number of tiles, give or take one.
-template <typename T>
-cudaError_t MakeStreamPlan(const KernelChoice& k, int64_t rows, Plan* p) {
-  const int64_t row_bytes = static_cast<int64_t>(p->nacc) * 16;
-  if (row_bytes > kStreamMaxTileBytes) return cudaErrorInvalidValue;
-  const int max_rows = static_cast<int>(kStreamMaxTileBytes / row_bytes);
-  const int budget = k.smem_bytes > 0 ? k.smem_bytes : 192 * 1024;
-  p->stages = static_cast<int>(std::clamp<int64_t>(budget / (max_rows * row_bytes), 2, kStreamMaxStages));
-  const int slots = StreamSlots<T>(static_cast<int>(p->stages * max_rows * row_bytes));
-  if (slots <= 0) return cudaErrorInvalidValue;
-  const int64_t per_block = CeilDiv(rows, static_cast<int64_t>(slots) * max_rows);  // tiles per block
-  p->tile_rows = static_cast<int>(CeilDiv(rows, slots * per_block));
-  p->ntiles = CeilDiv(rows, p->tile_rows);
-  p->grid = static_cast<int>(std::min<int64_t>(slots, p->ntiles));
-  p->smem = static_cast<int>(p->stages * p->tile_rows * row_bytes);
-  p->tpr = std::min(32, Pow2Ceil(p->nacc));
-  p->stream = true;
-  return cudaSuccess;
-}
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_t cols, Plan* p) {
@@ -246,10 +127,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // 1024 accesses (16 KiB) and longer: a block per row beats a warp per row (bf16 8192 columns:
   // 4011 vs 3888 GB/s in one run, NOTES.md run 4).
   p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
-  if (p->small && k.pipeline > 0) {
-    if (!p->vec) return cudaErrorInvalidValue;
-    return MakeStreamPlan<T>(k, rows, p);
-  }
   if (p->small) {
     // One lane per 64 elements, at least 4 and at most 32 (measured best on the H200 for 128,
     // 1024 and 8192 columns, fp32 and bf16; NOTES.md).
@@ -282,13 +159,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
 template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
-  if constexpr (W > 1) {
-    if (p.stream) {
-      RowSumStreamKernel<T><<<p.grid, kThreads, p.smem, s>>>(in, out, rows, p.nacc, p.tile_rows, p.ntiles, p.stages,
-                                                              p.tpr);
-      return cudaGetLastError();
-    }
-  }
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
@@ -361,9 +231,6 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
-  } else if (p.stream) {
-    std::snprintf(buf, len, "rowsum/stream vec tile=%d rows stages=%d grid=%d tpr=%d", p.tile_rows, p.stages,
-                  p.grid, p.tpr);
   } else if (p.small) {
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.cs ? "cs" : "plain");

@@ -423,27 +423,6 @@ TEST_P(MemoryBound, RowSumLongRowKernelShapes) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// Short rows streamed through shared memory: tiles of one row up to 32 KiB of rows, 2..8 stages,
-// a last tile shorter than the others, more tiles than blocks (stages refilled many times); the
-// scalar path is refused (the bulk copies need 16-byte alignment).
-TEST_P(MemoryBound, RowSumStreamedShortRows) {
-  const int64_t w = 16 / static_cast<int64_t>(ElementSize(GetParam()));
-  for (int64_t cols : {w, 2 * w, 128 - 128 % w, 1000 - 1000 % w, int64_t{1024}, 2048 * w}) {
-    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{70001}}) {
-      if (rows * cols > (int64_t{1} << 26)) continue;
-      for (int smem : {0, 40000, 98304}) {
-        SCOPED_TRACE(::testing::Message() << rows << "x" << cols << " smem " << smem);
-        CheckRowSum(rows, cols, {0, 0}, bench::Choice(0, 0, 0, 0, smem, -1, 1));
-      }
-    }
-  }
-  DeviceBuffer b(1 << 16);
-  EXPECT_EQ(cuda::LaunchRowSumWith(bench::Choice(0, 0, 0, 0, 0, -1, 1), GetParam(), b.get() + ElementSize(GetParam()),
-                                   reinterpret_cast<float*>(b.get()) + 12000, 4, 128, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
 TEST_P(MemoryBound, RowSumZeroColumns) {
   DeviceBuffer out(16 * sizeof(float));
   ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
