@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200) from the bundle that scripts/device_e2e.sh
-# makes; builds nothing. In one run:
+# Runs on the device machine (H200) from the bundle that scripts/device_all.sh (.bundle-e2e) or
+# scripts/device_e2e.sh makes; builds nothing. In one run:
 #   1. pinned host->device bandwidth (torch), the ceiling for uploads;
 #   2. the memory-bound kernel benchmark, ours only (bench medians to compare with);
 #   3. fusebox-server --backend=cuda with /metrics on, and fusebox-e2e against it
 #      (correctness of every RPC, kernel time vs the benchmark, 4 KiB latency,
 #      64 MiB throughput, 4 GiB upload + chain);
-#   4. a scrape of /metrics with the CUDA backend loaded, then SIGTERM: exit 0.
-# Writes server.log, e2e.log, e2e.json, ours.json, metrics.txt under $OUT and
+#   4. a scrape of /metrics with the CUDA backend loaded, then SIGTERM: exit 0;
+#   5. tests/metrics/gpu_metrics_check.py, when the bundle carries it.
+# Writes server.log, e2e.log, e2e.json, ours.json, metrics.txt, metrics_check.log under $OUT and
 # prints the summary table last.
 set -u -o pipefail
 B=${BUNDLE:-.bundle}
@@ -70,5 +71,14 @@ wait $pid
 rc=$?
 echo "server exit after SIGTERM: $rc"
 [[ $rc -eq 0 ]] || status=1
+
+# 5. tests/metrics/gpu_metrics_check.py when the bundle has it (scripts/device_all.sh): /metrics
+#    counts and sums against the responses, with the CUDA backend loaded.
+if [[ -f $B/bin/gpu_metrics_check.py && -d $B/bin/python ]]; then
+  python3 "$B/bin/gpu_metrics_check.py" "$B/bin/fusebox-server" "$B/bin/python" >"$OUT/metrics_check.log" 2>&1
+  rc=$?
+  echo "gpu_metrics_check.py: exit $rc ($(grep -c '^ok' "$OUT/metrics_check.log") checks ok)"
+  [[ $rc -eq 0 ]] || { status=1; grep -v '^ok' "$OUT/metrics_check.log" | tail -n 5; }
+fi
 sed -n '/== summary/,$p' "$OUT/e2e.log"
 exit $status
