@@ -459,6 +459,7 @@ struct Plan {
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int nclusters = 0;  // pipelined: clusters launched (persistent)
+  const void* kernel = nullptr;  // long rows: the kernel launched (for occupancy queries)
   bool cs = true;     // streaming cache hints
 };
 
@@ -617,6 +618,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   }
   if (rows * csize > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
+  p->kernel = kernel;
   p->vpt = vpt;
   p->csize = csize;
   p->threads = threads;
@@ -754,13 +756,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     if (p.kind == Kind::kPipe) {
       clusters = " clusters=" + std::to_string(p.nclusters);
     } else if (p.csize > 1) {
-      const void* kernel = p.vec ? (dt == DType::kFloat32 ? ChunkKernelPtr<float, 4>(p.vpt)
-                                    : dt == DType::kFloat16 ? ChunkKernelPtr<__half, 8>(p.vpt)
-                                                            : ChunkKernelPtr<__nv_bfloat16, 8>(p.vpt))
-                                 : (dt == DType::kFloat32 ? ChunkKernelPtr<float, 1>(p.vpt)
-                                    : dt == DType::kFloat16 ? ChunkKernelPtr<__half, 1>(p.vpt)
-                                                            : ChunkKernelPtr<__nv_bfloat16, 1>(p.vpt));
-      clusters = " active=" + std::to_string(ActiveClusters(kernel, p.csize, p.threads, p.smem_acc * 16));
+      clusters = " active=" + std::to_string(ActiveClusters(p.kernel, p.csize, p.threads, p.smem_acc * 16));
     }
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
