@@ -79,9 +79,6 @@ inline std::vector<Variant> Variants() {
       add("softmax", sh, d, Choice(0, 0, 0, 256, 0, -1), "rows t=256");
     }
   }
-  // Register-only long rows keep e^(x - m) since run 10; recomputing it is the old default.
-  add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "block recompute exp");
-  add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "block t=128 v=8 recompute");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 0, kPlain), "block t=256 plain");
   add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 2, 1, 512, 0, 1), "block t=512 v=2");

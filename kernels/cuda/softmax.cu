@@ -162,10 +162,8 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
 }
 
 // grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1. smem_acc: accesses of the chunk
-// held in dynamic shared memory (vector path only). KeepExp (the plan sets it only where the whole
-// chunk is in registers, VPT x W <= 32): the sum pass keeps e^(x - m) with m this thread's max,
-// and the output is kept x e^(m - max) / sum: one exp per element and one per thread.
-template <typename T, int W, int VPT, bool KeepExp = false>
+// held in dynamic shared memory (vector path only).
+template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
                                                                        int csize, int smem_acc, bool cs) {
   using R = typename Pack<T, W>::Raw;
@@ -228,24 +226,9 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     if (t + j * nt < nreg) AccumulateMax<T, W>(v[j], m);
   }
   float s = Rescale(st.s, st.m, m);
-  static_assert(!KeepExp || VPT * W <= 32, "KeepExp holds VPT x W floats");
-  float kept[KeepExp ? VPT * W : 1];
-  const float m_kept = m;  // KeepExp: the chunk is all in registers, m is final here
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    if (t + j * nt < nreg) {
-      if constexpr (KeepExp) {
-        float f[W];
-        Unpack<T, W>(v[j], f);
-#pragma unroll
-        for (int e = 0; e < W; ++e) {
-          kept[j * W + e] = Term(f[e], m);
-          s += kept[j * W + e];
-        }
-      } else {
-        AccumulateSum<T, W>(v[j], m, s);
-      }
-    }
+    if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], m, s);
   }
   if constexpr (Pack<T, W>::kVec) {
     constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
@@ -283,20 +266,10 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   // 4. Output pass.
   const float M = tot.m;
   const float inv = 1.0f / tot.s;
-  const float factor = KeepExp ? ExpDiff(m_kept, M) * inv : 0.f;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = t + j * nt;
-    if (a < nreg) {
-      if constexpr (KeepExp) {
-        float f[W];
-#pragma unroll
-        for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * factor;
-        StoreHint(cs, dst + a, PackFloats<T, W>(f));
-      } else {
-        StoreHint(cs, dst + a, Output<T, W>(v[j], M, inv));
-      }
-    }
+    if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], M, inv));
   }
   if constexpr (Pack<T, W>::kVec) {
     for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M, inv));
@@ -482,7 +455,7 @@ struct Plan {
   Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
-  bool exp_once = false;                     // short rows and register-only long rows: KeepExp
+  bool exp_once = false;                     // short rows: KeepExp
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int nclusters = 0;  // pipelined: clusters launched (persistent)
@@ -556,21 +529,13 @@ int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
   return n;
 }
 
-// The one-shot kernel for (T, W, VPT), with KeepExp where asked and built (VPT x W <= 32).
-template <typename T, int W, int VPT>
-auto ChunkKernelFn(bool keep) {
-  if constexpr (VPT * W <= 32) {
-    if (keep) return SoftmaxChunkKernel<T, W, VPT, true>;
-  }
-  return SoftmaxChunkKernel<T, W, VPT, false>;
-}
 template <typename T, int W>
-const void* ChunkKernelPtr(int vpt, bool keep) {
+const void* ChunkKernelPtr(int vpt) {
   switch (vpt) {
-    case 1: return reinterpret_cast<const void*>(ChunkKernelFn<T, W, 1>(keep));
-    case 2: return reinterpret_cast<const void*>(ChunkKernelFn<T, W, 2>(keep));
-    case 4: return reinterpret_cast<const void*>(ChunkKernelFn<T, W, 4>(keep));
-    default: return reinterpret_cast<const void*>(ChunkKernelFn<T, W, 8>(keep));
+    case 1: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 1>);
+    case 2: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 2>);
+    case 4: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 4>);
+    default: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 8>);
   }
 }
 template <typename T>
@@ -618,26 +583,14 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   // Rows spread over the largest clusters: fp32 measured faster with 4 accesses per thread in
   // registers and more shared memory (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
   const bool huge = CeilDiv(nacc, static_cast<int64_t>(kChunkMaxThreads) * 8 + kBigSmemBytes / 16) > 4;
-  // Rows a block of <= 512 threads holds in registers at <= 32 floats per thread (fp32 <= 16384,
-  // 16-bit <= 16384 elements): one exp per element, VPT = 32 / W (NOTES.md run 10).
-  const int keep_vpt = std::min(8, 32 / (p->vec ? W : 1));
-  const bool keep_auto = k.exp_once == 0 && k.vectors_per_thread == 0 && k.threads == 0 && k.cluster == 0 &&
-                         k.pipeline <= 0 && k.smem_bytes == 0 && nacc <= kChunkMaxThreads * keep_vpt;
-  const int vpt = k.vectors_per_thread ? k.vectors_per_thread
-                  : keep_auto          ? keep_vpt
-                  : (huge && sizeof(T) == 4 && p->vec) ? 4
-                                                       : 8;
+  const int vpt = k.vectors_per_thread ? k.vectors_per_thread : (huge && sizeof(T) == 4 && p->vec) ? 4 : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
     return cudaErrorInvalidValue;
   }
   const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
-  const bool keep = !pipe && (keep_auto || k.exp_once > 0);
-  if (keep && vpt * (p->vec ? W : 1) > 32) return cudaErrorInvalidValue;
-  const void* kernel = pipe     ? PipeKernelPtr<T>(vpt)
-                       : p->vec ? ChunkKernelPtr<T, W>(vpt, keep)
-                                : ChunkKernelPtr<T, 1>(vpt, keep);
+  const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
   int csize, threads, smem_acc = 0;
   // Smallest cluster whose blocks hold the row on chip (512 threads x 8 accesses in registers +
@@ -664,8 +617,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     smem_acc = static_cast<int>(std::min<int64_t>(rest, limit));
   }
   if (rows * csize > INT_MAX) return cudaErrorInvalidValue;
-  if (keep && rest > 0) return cudaErrorInvalidValue;  // KeepExp needs the whole chunk in registers
-  p->exp_once = keep;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->kernel = kernel;
   p->vpt = vpt;
@@ -699,7 +650,7 @@ template <typename T, int W, int VPT>
 cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize), s, attr);
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, ChunkKernelFn<T, W, VPT>(p.exp_once), static_cast<const T*>(in),
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
                                            static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
@@ -807,9 +758,9 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     } else if (p.csize > 1) {
       clusters = " active=" + std::to_string(ActiveClusters(p.kernel, p.csize, p.threads, p.smem_acc * 16));
     }
-    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s%s",
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
-                  p.smem_acc * 16, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "", clusters.c_str());
+                  p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
 
