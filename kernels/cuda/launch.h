@@ -41,11 +41,11 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
 //                     for the pipelined kernel); long-row row sum: loads in flight per thread
-//                     (with threads 256: 4, 8, 16; 512: 4, 8; 1024: 2, 4)
+//                     (with threads 256: 4, 8, 16; with 512: 8)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
 //   threads           long-row softmax: threads per block (multiple of 32, <= 512); short-row
 //                     softmax: 32, 64, 128 or 256 (>= threads_per_row); row sum: threads per
-//                     block (256, 512 or 1024)
+//                     block (short rows 256, 512 or 1024; long rows 256 or 512)
 //   smem_bytes        long-row softmax: shared memory per block holding row data (-1 = none)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
