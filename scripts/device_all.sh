@@ -1,35 +1,53 @@
 #!/usr/bin/env bash
-# Builds everything issue 3 runs on the H200 (build-dev/, CUDA) and packs one bundle per device job
+# Builds what issue 3 runs on the H200 (build-dev/, CUDA) and packs one bundle per device job
 # (scripts/device_bundle.sh), because the device tool carries at most 64 MiB with the working tree:
-#   .bundle-kernels  GPU kernel tests, the memory-bound benchmark and its Python harnesses
-#   .bundle-matmul   matmul and CUDA-backend tests, the matmul benchmark and its harnesses
-#   .bundle-e2e      the server with its CUDA module, the end-to-end client, the memory-bound
-#                    benchmark (its medians), the /metrics check with the Python stubs, and the
-#                    metrics RecordCall benchmark (bench/metrics/RESULTS.md)
+#   kernels  .bundle-kernels: GPU kernel tests, the memory-bound benchmark and its Python harnesses
+#   matmul   .bundle-matmul: matmul and CUDA-backend tests, the matmul benchmark and its harnesses
+#   e2e      .bundle-e2e: the server with its CUDA module, the end-to-end client, the memory-bound
+#            benchmark (its medians), the /metrics check with the Python stubs, and the metrics
+#            RecordCall benchmark (bench/metrics/RESULTS.md)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
+# usage: scripts/device_all.sh [kernels] [matmul] [e2e]   (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build-dev -DCMAKE_BUILD_TYPE=Release >/dev/null
-targets=(fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_proto_python fusebox_metrics_bench
-  fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi
-  fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test matmul_bench fusebox_matmul_capi)
-cmake --build build-dev -j"$(nproc)" --target "${targets[@]}"
+jobs=("$@")
+(( ${#jobs[@]} )) || jobs=(kernels matmul e2e)
 b=build-dev
-BUNDLE_DIR=.bundle-kernels scripts/device_bundle.sh \
-  $b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound \
-  $b/bench/gpu/libfusebox_memory_bound_capi.so \
-  bench/gpu/run_device.sh bench/gpu/memory_bound_peers.py bench/gpu/memory_bound_report.py
-BUNDLE_DIR=.bundle-matmul scripts/device_bundle.sh \
-  $b/tests/gpu/fusebox_gpu_matmul_test $b/tests/gpu/fusebox_gpu_cuda_backend_test \
-  $b/server/libfusebox_cuda_backend.so $b/bench/gpu/matmul_bench $b/bench/gpu/libfusebox_matmul_capi.so \
-  bench/gpu/run_matmul.sh bench/gpu/matmul_torch.py bench/gpu/matmul_report.py
-BUNDLE_DIR=.bundle-e2e scripts/device_bundle.sh \
-  $b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e \
-  $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench \
-  $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
+declare -A targets=(
+  [kernels]="fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi"
+  [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
+  [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
+         fusebox_metrics_bench"
+)
+declare -A files=(
+  [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
+             $b/bench/gpu/libfusebox_memory_bound_capi.so
+             bench/gpu/run_device.sh bench/gpu/memory_bound_peers.py bench/gpu/memory_bound_report.py"
+  [matmul]="$b/tests/gpu/fusebox_gpu_matmul_test $b/tests/gpu/fusebox_gpu_cuda_backend_test
+            $b/server/libfusebox_cuda_backend.so $b/bench/gpu/matmul_bench $b/bench/gpu/libfusebox_matmul_capi.so
+            bench/gpu/run_matmul.sh bench/gpu/matmul_torch.py bench/gpu/matmul_report.py"
+  [e2e]="$b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e
+         $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench
+         $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh"
+)
 c=$(git rev-parse --short HEAD)
+declare -A command=(
+  [kernels]="COMMIT=$c BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh test sanitize bench  # ~4-6 min"
+  [matmul]="COMMIT=$c bash .bundle-matmul/bin/run_matmul.sh \$PWD/.bundle-matmul  # ~4 min"
+  [e2e]="BUNDLE=.bundle-e2e bash .bundle-e2e/bin/run_e2e.sh  # ~3 min"
+)
+want=()
+for j in "${jobs[@]}"; do
+  [[ -n ${targets[$j]:-} ]] || { echo "unknown job '$j' (kernels, matmul, e2e)" >&2; exit 2; }
+  read -r -a t <<<"${targets[$j]//$'\n'/ }"
+  want+=("${t[@]}")
+done
+cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build $b -j"$(nproc)" --target "${want[@]}"
+for j in "${jobs[@]}"; do
+  read -r -a f <<<"${files[$j]//$'\n'/ }"
+  BUNDLE_DIR=.bundle-$j scripts/device_bundle.sh "${f[@]}"
+done
 echo "device commands (carry the bundle named first):"
-echo "  .bundle-kernels: COMMIT=$c BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh test sanitize bench   # ~4-6 min"
-echo "  .bundle-e2e:     BUNDLE=.bundle-e2e bash .bundle-e2e/bin/run_e2e.sh                                          # ~3 min"
-echo "  .bundle-matmul:  COMMIT=$c bash .bundle-matmul/bin/run_matmul.sh \$PWD/.bundle-matmul                          # ~4 min"
+for j in "${jobs[@]}"; do echo "  .bundle-$j: ${command[$j]}"; done

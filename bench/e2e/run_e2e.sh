@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200) from the bundle that scripts/device_all.sh (.bundle-e2e) or
-# scripts/device_e2e.sh makes; builds nothing. In one run:
+# Runs on the device machine (H200) from the bundle that scripts/device_all.sh e2e makes
+# (.bundle-e2e); builds nothing. In one run:
 #   1. pinned host->device bandwidth (torch), the ceiling for uploads;
 #   2. the memory-bound kernel benchmark, ours only (bench medians to compare with);
 #   3. fusebox-server --backend=cuda with /metrics on, and fusebox-e2e against it

@@ -20,8 +20,9 @@ timed alone and the verdict falls back to memory_bound_bench.cc's numbers.
 Cost: about a minute of compiling on the device.
 
 A/B runs: --only CASE (repeatable) keeps the listed cases, CASE = op:dtype:ROWSxCOLS (gelu's
-ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), which adds a forced kernel choice of
-ours to that case, timed in the same interleaved rounds as "ours:key=v,...". Keys are
+ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), which adds a
+forced kernel choice of ours to that case, timed in the same interleaved rounds as
+"ours:key=v,...". Keys are
 KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
 long_rows, pipeline, streaming, exp_once). Variants are checked against eager like ours.
 
@@ -360,7 +361,8 @@ def main():
             return
         impls, errs, descs = list(peers), {}, {}
         if ours is not None:
-            mine = [("ours", None)] + [("ours:" + label, c) for label, c in variants.get(f"{op}:{dname}:{rows}x{cols}", [])]
+            forced = variants.get(f"{op}:{dname}:{rows}x{cols}", [])
+            mine = [("ours", None)] + [("ours:" + label, c) for label, c in forced]
             for name, choice in reversed(mine):
                 run = ours.launcher(op, x, out, choice)
                 errs[name], descs[name] = check_ours(op, x, out, run), ours.describe(op, x, out, choice)

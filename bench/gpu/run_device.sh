@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200), from the bundle made by scripts/device_gpu_kernels.sh; builds
+# Runs on the device machine (H200), from the bundle made by scripts/device_all.sh kernels; builds
 # nothing. Steps, in order (default: test sanitize bench):
 #   test      the GPU kernel tests (tests/gpu), all of them                      ~1 min
 #   sanitize  compute-sanitizer memcheck over the tests (largest shapes and the >2^31-element
@@ -16,8 +16,8 @@
 #             generated code goes to inductor.log
 # Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
 # under $OUT; prints the verdict table last.
-# usage: COMMIT=<hash> bash .bundle/bin/run_device.sh [test] [sanitize] [bench|quick] [ours] [ab]
-#        [profile] [peerprof]
+# usage: COMMIT=<hash> BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh [test] [sanitize]
+#        [bench|quick] [ours] [ab] [profile] [peerprof]
 set -u -o pipefail
 B=${BUNDLE:-.bundle}
 OUT=${OUT:-/tmp/fusebox-out}
@@ -28,6 +28,9 @@ export PYTHONUNBUFFERED=1
 steps=${*:-test sanitize bench}
 T=$B/bin/fusebox_gpu_kernels_test
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
+NCU_SECTIONS=(--section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy
+  --section LaunchStats --section SchedulerStats)
 status=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv |
   tee "$OUT/bench.log"
@@ -75,13 +78,10 @@ for step in $steps; do
       grep -v "^#" | cut -c1-118
     ;;
   profile)  # Nsight Compute on the cases in PROFILE ("filter=kernel-regex;..."), clocks left alone
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
     IFS=';' read -r -a cases <<<"${PROFILE:-softmax float32 128x1048576 ours=SoftmaxChunk}"
     for c in "${cases[@]}"; do
       echo "== ncu: $c" | tee -a "$OUT/profile.log"
-      timeout 120 "$NCU" --clock-control none -k "regex:${c##*=}" --launch-skip 3 --launch-count 1 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-        --section Occupancy --section LaunchStats --section SchedulerStats \
+      timeout 120 "$NCU" --clock-control none -k "regex:${c##*=}" --launch-skip 3 --launch-count 1 "${NCU_SECTIONS[@]}" \
         "$B/bin/fusebox_gpu_bench_memory_bound" --reps 3 --filter "${c%=*}" >>"$OUT/profile.log" 2>&1 || status=1
       grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Block Limit|Warp Cycles Per Issued|Compute \(SM\)|Waves Per SM|Grid Size|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps" \
         "$OUT/profile.log" | tail -n 26
@@ -94,12 +94,11 @@ for step in $steps; do
       ${AB:-} 2>&1 | tee -a "$OUT/ab.log" | grep -v "^#" || status=1
     ;;
   peerprof)
-    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
     for c in ${PEERPROF:-rowsum:float32:8192x8192}; do
       echo "== ncu in the peers' process: $c" | tee -a "$OUT/peerprof.log"
       FUSEBOX_PROFILE_TIMED=1 TORCH_LOGS=output_code timeout 240 "$NCU" --clock-control none --profile-from-start off \
-        -k "regex:${PEERPROF_KERNELS:-RowSum|Softmax|SoftMax|triton_(red|per)_}" --launch-count "${PEERPROF_COUNT:-12}" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-        --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+        -k "regex:${PEERPROF_KERNELS:-RowSum|Softmax|SoftMax|triton_(red|per)_}" --launch-count "${PEERPROF_COUNT:-12}" \
+        "${NCU_SECTIONS[@]}" \
         python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peerprof.json" --reps 2 \
         --capi "$B/bin/libfusebox_memory_bound_capi.so" --only "$c" >>"$OUT/peerprof.log" 2>>"$OUT/inductor.log" ||
         status=1
