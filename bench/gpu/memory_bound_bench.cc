@@ -150,6 +150,9 @@ int main(int argc, char** argv) {
   void *in = nullptr, *out = nullptr;
   CHECK_CUDA(cudaMalloc(&in, kBuf));
   CHECK_CUDA(cudaMalloc(&out, kBuf));
+  const size_t kWorkspace = size_t{16} << 20;  // softmax's split path: rows x 64 pairs at most
+  void* ws = nullptr;
+  CHECK_CUDA(cudaMalloc(&ws, kWorkspace));
   std::vector<Record> recs;
   uint64_t seed = 12345;
 
@@ -232,9 +235,10 @@ int main(int argc, char** argv) {
           char desc[128];
           if (sm) {
             r.bytes = 2.0 * n * es;
-            cuda::DescribeSoftmax(dt, in, out, sh.rows, sh.cols, k, desc, sizeof desc);
+            cuda::DescribeSoftmax(dt, in, out, sh.rows, sh.cols, k, desc, sizeof desc, kWorkspace);
             r.desc = desc;
-            timer.Time([&] { return cuda::LaunchSoftmaxWith(k, dt, in, out, sh.rows, sh.cols, s); }, &r);
+            const cuda::Workspace w{ws, kWorkspace};
+            timer.Time([&] { return cuda::LaunchSoftmaxWith(k, dt, in, out, sh.rows, sh.cols, s, w); }, &r);
           } else {
             r.bytes = 1.0 * n * es + 4.0 * sh.rows;
             cuda::DescribeRowSum(dt, in, sh.rows, sh.cols, k, desc, sizeof desc);
@@ -257,6 +261,7 @@ int main(int argc, char** argv) {
     }
   }
   if (json != nullptr) WriteJson(json, prop.name, recs);
+  CHECK_CUDA(cudaFree(ws));
   CHECK_CUDA(cudaFree(in));
   CHECK_CUDA(cudaFree(out));
   return 0;

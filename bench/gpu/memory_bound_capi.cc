@@ -5,10 +5,12 @@
 //
 // op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
-// choice: nullptr = the plain launcher (the automatic choice the server uses); else 9 ints in
+// choice: nullptr = the plain launcher (the automatic choice the server uses); else 11 ints in
 //   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-//   long_rows, pipeline, streaming, exp_once (0 = automatic), as memory_bound_variants.h forces
-//   them (memory_bound_peers.py --variant).
+//   long_rows, pipeline, streaming, exp_once, split, split_wait_us (0 = automatic), as
+//   memory_bound_variants.h forces them (memory_bound_peers.py --variant).
+// Softmax gets the workspace its choice asks for, as the server gives it (one buffer per process,
+// grown when a shape needs more; the harness calls from one thread).
 // stream: a cudaStream_t (torch.cuda.current_stream().cuda_stream).
 // Returns the launch's cudaError_t (0 = success; an unknown op or dtype gives cudaErrorInvalidValue).
 #include <cuda_runtime_api.h>
@@ -36,8 +38,24 @@ fc::KernelChoice ToChoice(const int32_t* c) {
     k.pipeline = c[6];
     k.streaming = c[7];
     k.exp_once = c[8];
+    k.split = c[9];
+    k.split_wait_us = c[10];
   }
   return k;
+}
+
+fc::Workspace SoftmaxWorkspace(DType dt, int64_t rows, int64_t cols, const fc::KernelChoice& k) {
+  static void* buf = nullptr;
+  static size_t size = 0;
+  const size_t need = fc::SoftmaxWorkspaceBytes(dt, rows, cols, k);
+  if (need > size) {
+    cudaFree(buf);
+    buf = nullptr;
+    size = 0;
+    if (cudaMalloc(&buf, need) != cudaSuccess) return {};
+    size = need;
+  }
+  return {buf, size};
 }
 }  // namespace
 
@@ -52,7 +70,7 @@ FUSEBOX_CAPI int fusebox_bench_memory_bound(int op, int dtype, const void* in, v
   if (choice == nullptr) {
     switch (op) {
       case 0: return fc::LaunchGelu(dt, in, out, rows * cols, s);
-      case 1: return fc::LaunchSoftmax(dt, in, out, rows, cols, s);
+      case 1: return fc::LaunchSoftmax(dt, in, out, rows, cols, s, SoftmaxWorkspace(dt, rows, cols, {}));
       case 2: return fc::LaunchRowSum(dt, in, sums, rows, cols, s);
       default: return cudaErrorInvalidValue;
     }
@@ -60,7 +78,7 @@ FUSEBOX_CAPI int fusebox_bench_memory_bound(int op, int dtype, const void* in, v
   const fc::KernelChoice k = ToChoice(choice);
   switch (op) {
     case 0: return fc::LaunchGeluWith(k, dt, in, out, rows * cols, s);
-    case 1: return fc::LaunchSoftmaxWith(k, dt, in, out, rows, cols, s);
+    case 1: return fc::LaunchSoftmaxWith(k, dt, in, out, rows, cols, s, SoftmaxWorkspace(dt, rows, cols, k));
     case 2: return fc::LaunchRowSumWith(k, dt, in, sums, rows, cols, s);
     default: return cudaErrorInvalidValue;
   }
@@ -75,7 +93,8 @@ FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const v
   buf[0] = '\0';
   if (!ValidDType(dtype)) return;
   const auto dt = static_cast<DType>(dtype);
-  if (op == 1) fc::DescribeSoftmax(dt, in, out, rows, cols, ToChoice(choice), buf, len);
+  const fc::KernelChoice k = ToChoice(choice);
+  if (op == 1) fc::DescribeSoftmax(dt, in, out, rows, cols, k, buf, len, fc::SoftmaxWorkspaceBytes(dt, rows, cols, k));
   if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, ToChoice(choice), buf, len);
 }
 

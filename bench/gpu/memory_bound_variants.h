@@ -3,6 +3,7 @@
 // tests run every variant too (on fewer rows), so a variant that is timed is also checked.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,7 +23,7 @@ inline std::vector<Shape> RowShapes() {
 constexpr int64_t kGeluElements = int64_t{1} << 28;
 
 inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int smem, int long_rows,
-                                 int pipeline = 0, int streaming = 0, int exp_once = 0) {
+                                 int pipeline = 0, int streaming = 0, int exp_once = 0, int split = 0) {
   cuda::KernelChoice k;
   k.threads_per_row = tpr;
   k.vectors_per_thread = vpt;
@@ -33,6 +34,7 @@ inline cuda::KernelChoice Choice(int tpr, int vpt, int cluster, int threads, int
   k.pipeline = pipeline;
   k.streaming = streaming;
   k.exp_once = exp_once;
+  k.split = split;
   return k;
 }
 
@@ -102,6 +104,21 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 8, 512, 0, 1), "c=8 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 1), "pipe c=16 v=8");
+  // Rows split over independent blocks meeting in global memory (run 11): every SM, several
+  // blocks per SM whose load and store phases need not line up, no cluster gang-scheduling.
+  auto split = [&](D d, int blocks, int threads, int vpt) {
+    const std::string label =
+        "split=" + std::to_string(blocks) + " t=" + std::to_string(threads) + " v=" + std::to_string(vpt);
+    add("softmax", {128, 1048576}, d, Choice(0, vpt, 0, threads, 0, 1, 0, 0, 0, blocks), label.c_str());
+  };
+  for (auto [b, t, u] : {std::array{32, 512, 4}, std::array{32, 512, 8}, std::array{64, 256, 8},
+                         std::array{64, 512, 8}, std::array{16, 512, 4}, std::array{48, 512, 4}}) {
+    split(D::kFloat32, b, t, u);
+  }
+  for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{16, 512, 8}, std::array{32, 256, 8},
+                         std::array{32, 512, 8}, std::array{8, 512, 4}, std::array{24, 512, 4}}) {
+    split(D::kBFloat16, b, t, u);
+  }
   // ---- row sum
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (const Shape& s : RowShapes()) add("rowsum", s, d, Choice(0, 0, 0, 0, 0, 0, 0, kPlain), "auto plain");

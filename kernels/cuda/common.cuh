@@ -1,7 +1,8 @@
 // Shared device helpers for the memory-bound kernels (gelu.cu, softmax.cu, rowsum.cu):
 // 16-byte packed loads/stores with float conversion for float32 / float16 / bfloat16,
 // streaming cache hints, fast exp2, warp/group/block reductions, the (max, sum) pair used by
-// softmax, and the sm_90 cluster / mbarrier / bulk-copy primitives (inline PTX).
+// softmax, the sm_90 cluster / mbarrier / bulk-copy primitives and the global-memory flag
+// primitives (inline PTX).
 // Costs nothing by itself: every function here is inlined into the kernels.
 // nvcc only; no absl, no gRPC.
 #pragma once
@@ -298,6 +299,24 @@ __device__ __forceinline__ void BulkLoad(void* smem_dst, const void* gmem_src, u
           SmemAddr(smem_dst)),
       "l"(gmem_src), "r"(bytes), "r"(SmemAddr(bar))
       : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks of one grid meeting through global memory (softmax rows split without a cluster).
+// Nanoseconds since an arbitrary origin (the GPU's global timer).
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned LoadAcquireGpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+// Publishes a value written before it (by this thread) to whoever acquires `*p` after it.
+__device__ __forceinline__ void AddRelease(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 //
 // Every launcher takes device pointers, sizes and a stream, enqueues its kernel(s) and returns the
 // launch status (cudaGetLastError after the launch); it never synchronises, allocates, exits or
-// aborts. No workspace is needed: long softmax / row-sum rows are split over a thread-block
-// cluster (sm_90) that combines its partial results through distributed shared memory.
+// aborts. Long softmax / row-sum rows are split over a thread-block cluster (sm_90) that combines
+// its partial results through distributed shared memory; softmax can also split a row over
+// independent blocks that meet in a caller-provided workspace (SoftmaxWorkspaceBytes), which the
+// launcher zeroes with cudaMemsetAsync before the kernel.
 //
 // Semantics (the same as kernels/cpu and tests/reference.cc):
 //  - Gelu: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed in float32.
@@ -23,6 +25,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/dtype.h"
@@ -30,8 +33,13 @@
 namespace fusebox::cuda {
 
 cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s);
+// Device scratch memory; {nullptr, 0} = none (softmax then uses no split path).
+struct Workspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
 cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int64_t cols,
-                          cudaStream_t s);
+                          cudaStream_t s, Workspace ws = {});
 cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols,
                          cudaStream_t s);
 
@@ -50,6 +58,10 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
+//   split             long-row softmax: blocks per row (2..64) that combine in the workspace
+//                     instead of a cluster (not with cluster > 1 or pipeline)
+//   split_wait_us     split: how long a block waits for its row-mates before reading the row
+//                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it
@@ -64,18 +76,23 @@ struct KernelChoice {
   int pipeline = 0;
   int streaming = 0;
   int exp_once = 0;
+  int split = 0;
+  int split_wait_us = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out,
-                              int64_t rows, int64_t cols, cudaStream_t s);
+                              int64_t rows, int64_t cols, cudaStream_t s, Workspace ws = {});
+// Workspace bytes that softmax's choice for this shape uses (0 if none; aligned 16-byte vectors
+// assumed; a launch given less falls back to a plan without it, or fails if `k` forces it).
+size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelChoice& k = {});
 cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, float* out,
                              int64_t rows, int64_t cols, cudaStream_t s);
 
 // Describes what the automatic choice would launch for a shape (for logs and benchmark notes),
 // e.g. "softmax/cluster vec c=16 t=512 v=4 smem=229376"; writes at most `len` bytes into `buf`.
 void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, int64_t cols,
-                     const KernelChoice& k, char* buf, int len);
+                     const KernelChoice& k, char* buf, int len, size_t workspace_bytes = 0);
 void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const KernelChoice& k,
                     char* buf, int len);
 

@@ -47,6 +47,8 @@ constexpr int kSmallThreads = 256;
 constexpr int kChunkMaxThreads = 512;
 constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster path
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
+constexpr int kMaxSplit = 64;                // blocks per row on the split path
+constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
 constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
 
 // ------------------------------------------------------------------------------ short rows
@@ -161,19 +163,35 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
   return PackFloats<T, W>(f);
 }
 
-// grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1. smem_acc: accesses of the chunk
-// held in dynamic shared memory (vector path only).
+// A row split over `blocks` independent blocks (no cluster) that combine their (max, sum) pairs
+// through global memory: each block stores its pair in part[row * blocks + rank], counts itself in
+// count[row] (zeroed before the launch) and waits until all have. A block that waits longer than
+// timeout_ns (its row-mates not scheduled: the GPU shared with other work) reads the whole row
+// itself instead, so progress never depends on co-scheduling; only speed does.
+struct Split {
+  int blocks = 1;
+  float2* part = nullptr;
+  unsigned* count = nullptr;
+  uint32_t timeout_ns = 0;
+};
+
+// grid.x = rows * csize (rows * sp.blocks when split); cluster (csize, 1, 1) when csize > 1.
+// smem_acc: accesses of the chunk held in dynamic shared memory (vector path only).
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
-                                                                       int csize, int smem_acc, bool cs) {
+                                                                       int csize, int smem_acc, bool cs,
+                                                                       Split sp) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
   __shared__ MaxSum block_result, cluster_result;
   __shared__ __align__(8) uint64_t bars[kBigSmemBytes / kBulkPiece];  // one per bulk-copy piece
+  __shared__ int all_arrived;
 
-  const int rank = csize > 1 ? static_cast<int>(ClusterRank()) : 0;
-  const int64_t row = blockIdx.x / csize;
+  const bool split = sp.blocks > 1;
+  const int per_row = split ? sp.blocks : csize;
+  const int rank = split ? static_cast<int>(blockIdx.x % per_row) : csize > 1 ? static_cast<int>(ClusterRank()) : 0;
+  const int64_t row = blockIdx.x / per_row;
   const int a0 = rank * chunk;
   const int n = max(0, min(nacc - a0, chunk));
   const R* src = reinterpret_cast<const R*>(in) + row * nacc + a0;
@@ -261,6 +279,37 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     ClusterArrive();  // this block is done reading the others' shared memory
     __syncthreads();
     tot = cluster_result;
+  } else if (split) {
+    if (t == 0) {
+      __stcg(&sp.part[row * per_row + rank], make_float2(tot.m, tot.s));
+      AddRelease(&sp.count[row], 1u);
+      const uint64_t t0 = GlobalTimerNs();
+      bool ok = LoadAcquireGpu(&sp.count[row]) >= static_cast<unsigned>(per_row);
+      while (!ok && GlobalTimerNs() - t0 < sp.timeout_ns) {
+        __nanosleep(256);
+        ok = LoadAcquireGpu(&sp.count[row]) >= static_cast<unsigned>(per_row);
+      }
+      all_arrived = ok;
+    }
+    __syncthreads();
+    if (all_arrived) {
+      if (t < 32) {
+        MaxSum r{-INFINITY, 0.f};
+        for (int i = t; i < per_row; i += 32) {
+          const float2 x = __ldcg(&sp.part[row * per_row + i]);
+          r = Combine(r, MaxSum{x.x, x.y});
+        }
+        r = WarpReduce(r);
+        if (t == 0) cluster_result = r;
+      }
+      __syncthreads();
+      tot = cluster_result;
+    } else {  // the whole row, read from global memory by this block
+      const R* whole = reinterpret_cast<const R*>(in) + row * nacc;
+      MaxSum w{-INFINITY, 0.f};
+      for (int a = t; a < nacc; a += nt) AccumulateOnline<T, W>(LoadKeep(whole + a), w);
+      tot = BlockReduce(w, scratch);
+    }
   }
 
   // 4. Output pass.
@@ -458,6 +507,8 @@ struct Plan {
   bool exp_once = false;                     // short rows: KeepExp
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
+  int split = 1;                             // long rows: blocks per row meeting in global memory
+  uint32_t split_wait_ns = 0;
   int nclusters = 0;  // pipelined: clusters launched (persistent)
   const void* kernel = nullptr;  // long rows: the kernel launched (for occupancy queries)
   bool cs = true;     // streaming cache hints
@@ -544,12 +595,18 @@ const void* PipeKernelPtr(int vpt) {
                   : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
 }
 
+// Workspace of a split launch: the rows' arrival counters (zeroed by the launcher), then the pairs.
+size_t CountBytes(int64_t rows) { return static_cast<size_t>(CeilDiv(rows * 4, 16) * 16); }
+size_t SplitBytes(int64_t rows, int split) {
+  return split > 1 ? CountBytes(rows) + static_cast<size_t>(rows) * split * sizeof(float2) : 0;
+}
+
 int RoundUp32(int64_t x) { return static_cast<int>(std::max<int64_t>(32, CeilDiv(x, 32) * 32)); }
 
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int64_t rows, int64_t cols,
-                     Plan* p) {
+                     size_t ws_bytes, Plan* p) {
   constexpr int W = 16 / sizeof(T);
   p->vec = cols % W == 0 && Aligned16(in) && Aligned16(out);
   const int64_t nacc64 = p->vec ? cols / W : cols;
@@ -588,6 +645,11 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
     return cudaErrorInvalidValue;
   }
+  if (k.split < 0 || k.split > kMaxSplit || (k.split > 1 && (k.cluster > 1 || k.pipeline > 0))) {
+    return cudaErrorInvalidValue;
+  }
+  const int split = std::max(1, k.split);
+  if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
   const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
@@ -603,12 +665,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     csize = k.cluster ? k.cluster : auto_c;
   } else {
     // One-shot kernel: registers, then shared memory, rest streamed.
-    csize = k.cluster ? k.cluster : auto_c;
+    csize = split > 1 ? 1 : k.cluster ? k.cluster : auto_c;
     threads = k.threads ? k.threads
-                        : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize), vpt)));
+                        : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize * split), vpt)));
   }
   if (csize > max_c) return cudaErrorInvalidValue;
-  const int64_t chunk = CeilDiv(nacc, csize);
+  const int64_t chunk = CeilDiv(nacc, csize * split);
   const int64_t rest = std::max<int64_t>(0, chunk - static_cast<int64_t>(threads) * vpt);
   if (p->vec) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
     const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, kBigSmemBytes) / 16
@@ -616,8 +678,10 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                                          : kBigSmemBytes / 16;
     smem_acc = static_cast<int>(std::min<int64_t>(rest, limit));
   }
-  if (rows * csize > INT_MAX) return cudaErrorInvalidValue;
+  if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
+  p->split = split;
+  p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   p->kernel = kernel;
   p->vpt = vpt;
   p->csize = csize;
@@ -647,11 +711,20 @@ cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s,
 }
 
 template <typename T, int W, int VPT>
-cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
   cudaLaunchAttribute attr[1];
-  const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize), s, attr);
+  const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize * p.split), s, attr);
+  Split sp;
+  if (p.split > 1) {
+    sp.blocks = p.split;
+    sp.count = static_cast<unsigned*>(ws);
+    sp.part = reinterpret_cast<float2*>(static_cast<char*>(ws) + CountBytes(rows));
+    sp.timeout_ns = p.split_wait_ns;
+    const cudaError_t z = cudaMemsetAsync(sp.count, 0, static_cast<size_t>(rows) * 4, s);
+    if (z != cudaSuccess) return z;
+  }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
-                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs);
+                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, sp);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -668,7 +741,7 @@ cudaError_t LaunchPipe(const Plan& p, const void* in, void* out, int64_t rows, c
 }
 
 template <typename T, int W>
-cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
   if (p.kind == Kind::kRows) {
     const int rows_per_block = p.threads / p.tpr;
     const int64_t blocks = CeilDiv(rows, rows_per_block);
@@ -701,49 +774,68 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     }
   }
   switch (p.vpt) {
-    case 1: return LaunchChunk<T, W, 1>(p, in, out, rows, s);
-    case 2: return LaunchChunk<T, W, 2>(p, in, out, rows, s);
-    case 4: return LaunchChunk<T, W, 4>(p, in, out, rows, s);
-    default: return LaunchChunk<T, W, 8>(p, in, out, rows, s);
+    case 1: return LaunchChunk<T, W, 1>(p, in, out, rows, ws, s);
+    case 2: return LaunchChunk<T, W, 2>(p, in, out, rows, ws, s);
+    case 4: return LaunchChunk<T, W, 4>(p, in, out, rows, ws, s);
+    default: return LaunchChunk<T, W, 8>(p, in, out, rows, ws, s);
   }
 }
 
 template <typename T>
 cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int64_t rows, int64_t cols,
-                           cudaStream_t s) {
+                           cudaStream_t s, Workspace ws) {
   Plan p;
-  const cudaError_t e = MakePlan<T>(k, in, out, rows, cols, &p);
+  const cudaError_t e = MakePlan<T>(k, in, out, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
-  return p.vec ? LaunchPlanW<T, 16 / sizeof(T)>(p, in, out, rows, s) : LaunchPlanW<T, 1>(p, in, out, rows, s);
+  return p.vec ? LaunchPlanW<T, 16 / sizeof(T)>(p, in, out, rows, ws.ptr, s)
+               : LaunchPlanW<T, 1>(p, in, out, rows, ws.ptr, s);
+}
+
+template <typename T>
+size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
+  Plan p;  // as aligned pointers would have it, with all the workspace the plan may want
+  if (MakePlan<T>(k, nullptr, nullptr, rows, cols, ~size_t{0}, &p) != cudaSuccess) return 0;
+  return SplitBytes(rows, p.split);
 }
 
 }  // namespace
 
+size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelChoice& k) {
+  if (rows <= 0 || cols <= 0) return 0;
+  switch (dt) {
+    case DType::kFloat32: return WorkspaceBytesT<float>(k, rows, cols);
+    case DType::kFloat16: return WorkspaceBytesT<__half>(k, rows, cols);
+    case DType::kBFloat16: return WorkspaceBytesT<__nv_bfloat16>(k, rows, cols);
+  }
+  return 0;
+}
+
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t rows,
-                              int64_t cols, cudaStream_t s) {
+                              int64_t cols, cudaStream_t s, Workspace ws) {
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (in == nullptr || out == nullptr) return cudaErrorInvalidValue;
   switch (dt) {
-    case DType::kFloat32: return LaunchSoftmaxT<float>(k, in, out, rows, cols, s);
-    case DType::kFloat16: return LaunchSoftmaxT<__half>(k, in, out, rows, cols, s);
-    case DType::kBFloat16: return LaunchSoftmaxT<__nv_bfloat16>(k, in, out, rows, cols, s);
+    case DType::kFloat32: return LaunchSoftmaxT<float>(k, in, out, rows, cols, s, ws);
+    case DType::kFloat16: return LaunchSoftmaxT<__half>(k, in, out, rows, cols, s, ws);
+    case DType::kBFloat16: return LaunchSoftmaxT<__nv_bfloat16>(k, in, out, rows, cols, s, ws);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s) {
-  return LaunchSoftmaxWith(KernelChoice{}, dt, in, out, rows, cols, s);
+cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s,
+                          Workspace ws) {
+  return LaunchSoftmaxWith(KernelChoice{}, dt, in, out, rows, cols, s, ws);
 }
 
 void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, int64_t cols,
-                     const KernelChoice& k, char* buf, int len) {
+                     const KernelChoice& k, char* buf, int len, size_t workspace_bytes) {
   Plan p;
   cudaError_t e = cudaErrorInvalidValue;
   switch (dt) {
-    case DType::kFloat32: e = MakePlan<float>(k, in, out, rows, cols, &p); break;
-    case DType::kFloat16: e = MakePlan<__half>(k, in, out, rows, cols, &p); break;
-    case DType::kBFloat16: e = MakePlan<__nv_bfloat16>(k, in, out, rows, cols, &p); break;
+    case DType::kFloat32: e = MakePlan<float>(k, in, out, rows, cols, workspace_bytes, &p); break;
+    case DType::kFloat16: e = MakePlan<__half>(k, in, out, rows, cols, workspace_bytes, &p); break;
+    case DType::kBFloat16: e = MakePlan<__nv_bfloat16>(k, in, out, rows, cols, workspace_bytes, &p); break;
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
@@ -757,6 +849,15 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
       clusters = " clusters=" + std::to_string(p.nclusters);
     } else if (p.csize > 1) {
       clusters = " active=" + std::to_string(ActiveClusters(p.kernel, p.csize, p.threads, p.smem_acc * 16));
+    } else if (p.split > 1) {  // blocks per row, and how many blocks one SM holds
+      PrepareKernel(p.kernel);
+      int per_sm = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, p.threads, p.smem_acc * 16) !=
+          cudaSuccess) {
+        per_sm = 0;
+      }
+      cudaGetLastError();
+      clusters = " split=" + std::to_string(p.split) + " per_sm=" + std::to_string(per_sm);
     }
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,

@@ -172,14 +172,19 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     if (edit) edit(in);
     const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
+    // The workspace the choice asks for, full of garbage (the launcher must zero what it relies on).
+    const size_t ws_bytes = cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k);
+    DeviceBuffer ws(ws_bytes);
+    ASSERT_EQ(ws.status(), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ws.get(), 0x5A, ws_bytes), cudaSuccess);
     char desc[128];
     cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard + off.in_elems * es),
                           reinterpret_cast<const void*>(kGuard + off.out_elems * es), rows, cols, k, desc,
-                          sizeof desc);
+                          sizeof desc, ws_bytes);
     const std::string where = Where(dt, rows, cols, off.in_elems * es, off.out_elems * es, seed, desc);
     ASSERT_TRUE(RunOp(in, off.in_elems * es, rows * cols * es, off.out_elems * es,
                       [&](const void* i, void* o) {
-                        return cuda::LaunchSoftmaxWith(k, dt, i, o, rows, cols, nullptr);
+                        return cuda::LaunchSoftmaxWith(k, dt, i, o, rows, cols, nullptr, {ws.get(), ws_bytes});
                       },
                       &out))
         << where;
@@ -315,6 +320,58 @@ TEST_P(MemoryBound, SoftmaxSpecialRows) {
       CheckSoftmax(rows, cols, {0, 0}, bench::Choice(0, 4, 1, 64, 0, 1, 1), edit);
     }
   }
+}
+
+// Rows split over independent blocks that meet in the workspace: 2..64 blocks per row, pieces in
+// registers only, with shared memory, with a streamed remainder, the scalar path, special rows,
+// and blocks that do not wait for their row-mates (each reads its row itself); a forced split
+// without enough workspace is refused.
+TEST_P(MemoryBound, SoftmaxSplitRows) {
+  const DType dt = GetParam();
+  const bool f32 = dt == DType::kFloat32;
+  const int64_t mega = int64_t{1} << 20;
+  // (rows, cols, split, threads, vectors per thread, shared-memory bytes; 0 = automatic)
+  struct Case {
+    int64_t rows, cols;
+    int split, threads, vpt, smem;
+  };
+  const Case cases[] = {
+      {3, 4096, 2, 64, 4, 0},         {5, 65536, 8, 256, 8, -1},     {9, 65537, 4, 128, 2, 0},
+      {4, mega, 32, 512, 4, 0},       {3, mega, 16, 512, 8, 0},      {2, mega + 8, 64, 256, 8, 0},
+      {2, 2 * mega, 16, 256, 4, 32768}, {300, 8192, 2, 0, 0, 0},   {2, f32 ? mega : 2 * mega, 8, 128, 1, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "split " << c.split << " t=" << c.threads << " v=" << c.vpt);
+    KernelChoice k = bench::Choice(0, c.vpt, 0, c.threads, c.smem, 1);
+    k.split = c.split;
+    CheckSoftmax(c.rows, c.cols, {0, 0}, k);
+    if (c.rows * c.cols <= 4 * mega) CheckSoftmax(c.rows, c.cols, {1, 3}, k);  // scalar path
+    k.split_wait_us = -1;
+    CheckSoftmax(c.rows, c.cols, {0, 0}, k);
+  }
+  auto edit = [&](std::vector<uint8_t>& in) {  // as SoftmaxSpecialRows, 1M columns
+    const int64_t cols = mega;
+    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+    for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
+    for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
+    set(2, cols / 2, kNaN);
+    set(3, cols - 1, kInf);
+    for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
+  };
+  KernelChoice k = bench::Choice(0, 4, 0, 512, 0, 1);
+  k.split = 32;
+  CheckSoftmax(6, mega, {0, 0}, k, edit);
+  k.split_wait_us = -1;
+  CheckSoftmax(6, mega, {0, 0}, k, edit);
+  DeviceBuffer b(1 << 20);
+  k.split_wait_us = 0;
+  const size_t need = cuda::SoftmaxWorkspaceBytes(dt, 2, 65536, k);
+  EXPECT_GT(need, 0u);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr, {b.get(), need - 1}),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr), cudaErrorInvalidValue);
+  k.split = 65;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // Short rows with exp_once (e^(x - max) kept in registers) give the same bits as recomputing it,
