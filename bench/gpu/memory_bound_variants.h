@@ -106,17 +106,30 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 1), "pipe c=16 v=8");
   // Rows split over independent blocks meeting in global memory (run 11): every SM, several
   // blocks per SM whose load and store phases need not line up, no cluster gang-scheduling.
+  // e^(x - max) as (x - max) x log2(e), the form before run 12 (now one FFMA where |max| <= 32).
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    for (const Shape& sh : RowShapes()) {
+      cuda::KernelChoice k;
+      k.exp_fma = -1;
+      add("softmax", sh, d, k, "exp two-step");
+    }
+  }
   auto split = [&](D d, int blocks, int threads, int vpt) {
     const std::string label =
         "split=" + std::to_string(blocks) + " t=" + std::to_string(threads) + " v=" + std::to_string(vpt);
     add("softmax", {128, 1048576}, d, Choice(0, vpt, 0, threads, 0, 1, 0, 0, 0, blocks), label.c_str());
   };
-  for (auto [b, t, u] : {std::array{32, 512, 4}, std::array{32, 512, 8}, std::array{64, 256, 8},
-                         std::array{64, 512, 8}, std::array{16, 512, 4}, std::array{48, 512, 4}}) {
+  // Run 11: fp32 best 32 x (512 t, 4 v) 3664 GB/s, bf16 best 32 x (256 t, 8 v) 3361 (2 and 4 blocks
+  // per SM); 48 x (512, 4) and 64 x (512, 8) lost (2 blocks per SM, less on chip). Run 12: more
+  // blocks per SM with shared memory (4 x 256 threads, 3-4 x 80-100 KiB).
+  for (auto [b, t, u] : {std::array{32, 512, 4}, std::array{64, 256, 8}, std::array{16, 512, 4},
+                         std::array{48, 256, 8}, std::array{40, 256, 8}, std::array{32, 256, 8},
+                         std::array{40, 384, 4}}) {
     split(D::kFloat32, b, t, u);
   }
-  for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{16, 512, 8}, std::array{32, 256, 8},
-                         std::array{32, 512, 8}, std::array{8, 512, 4}, std::array{24, 512, 4}}) {
+  for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{32, 256, 8}, std::array{24, 256, 8},
+                         std::array{20, 256, 8}, std::array{16, 256, 8}, std::array{32, 256, 4},
+                         std::array{32, 128, 8}}) {
     split(D::kBFloat16, b, t, u);
   }
   // ---- row sum
@@ -124,6 +137,8 @@ inline std::vector<Variant> Variants() {
     for (const Shape& s : RowShapes()) add("rowsum", s, d, Choice(0, 0, 0, 0, 0, 0, 0, kPlain), "auto plain");
   }
   add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
+  add("rowsum", {262144, 128}, D::kBFloat16, Choice(0, 8, 0, 0, 0, -1), "rows u=8 (before run 12)");
+  add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 u=4");
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");

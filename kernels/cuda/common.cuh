@@ -166,6 +166,42 @@ __device__ __forceinline__ float Ex2(float x) {
 }
 // e^(x - m): the difference first, so that huge inputs keep their precision.
 __device__ __forceinline__ float ExpDiff(float x, float m) { return Ex2((x - m) * kLog2e); }
+// e^(x - m) in one FFMA, given ml = m * kLog2e: x log2e - ml is exact before its one rounding, so
+// the only error added is ml's rounding, |m| 2^-24 relative (<= 2e-6 where it is used: finite
+// |m| <= kFmaExpMaxAbs, see FmaExpOk). x = -inf gives 0, NaN gives NaN, as ExpDiff.
+constexpr float kFmaExpMaxAbs = 32.f;
+__device__ __forceinline__ bool FmaExpOk(float m) { return fabsf(m) <= kFmaExpMaxAbs; }
+__device__ __forceinline__ float ExpFma(float x, float ml) { return Ex2(fmaf(x, kLog2e, -ml)); }
+
+// Largest of the W values of r. Packed half pairs compare in one instruction each (max.f16x2 /
+// max.bf16x2: exact, and like fmaxf a NaN is never chosen over a number).
+__device__ __forceinline__ uint32_t MaxPair(uint32_t a, uint32_t b, __half*) {
+  uint32_t r;
+  asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t MaxPair(uint32_t a, uint32_t b, __nv_bfloat16*) {
+  uint32_t r;
+  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+template <typename T, int W>
+__device__ __forceinline__ float MaxOf(const typename Pack<T, W>::Raw& r) {
+  if constexpr (sizeof(T) == 2 && W == 8) {
+    const uint32_t p = MaxPair(MaxPair(r.x, r.y, static_cast<T*>(nullptr)),
+                               MaxPair(r.z, r.w, static_cast<T*>(nullptr)), static_cast<T*>(nullptr));
+    float lo, hi;
+    UnpackPair(p, lo, hi, static_cast<T*>(nullptr));
+    return fmaxf(lo, hi);
+  } else {
+    float f[W];
+    Unpack<T, W>(r, f);
+    float m = f[0];
+#pragma unroll
+    for (int e = 1; e < W; ++e) m = fmaxf(m, f[e]);
+    return m;
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Reductions. Groups are `tpr` consecutive lanes (a power of two <= 32) aligned to tpr.

@@ -5,7 +5,8 @@
 // add per element. Read-only streaming: each thread keeps several 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc < 1024): a group of `tpr` lanes (4..32) per row, each lane summing every
-//    tpr-th access, kUnroll loads in flight; shuffle reduction in the group; 256-thread blocks.
+//    tpr-th access, kUnroll loads in flight (4 where a lane has no more); shuffle reduction in the
+//    group; 256-thread blocks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), kLongUnroll loads in
 //    flight per thread (16 on long fp32 chunks); each block sums its chunk, the cluster's block 0
 //    adds the C partial sums from distributed shared memory in rank order (deterministic, no
@@ -63,14 +64,15 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-template <typename T, int W>
+// U loads in flight per lane: 8, or 4 where a lane has at most 4 accesses (fewer registers).
+template <typename T, int W, int U>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
                                                           int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
   float s = 0.f;
-  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
+  if (row < rows) s = StridedSum<T, W, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
 }
@@ -135,6 +137,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
+    p->unroll = k.vectors_per_thread ? k.vectors_per_thread : CeilDiv(nacc, p->tpr) <= 4 ? 4 : kUnroll;
+    if (p->unroll != 4 && p->unroll != 8) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
@@ -164,7 +168,12 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
+    const unsigned g = static_cast<unsigned>(blocks);
+    if (p.unroll == 4) {
+      RowSumSmallKernel<T, W, 4><<<g, p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
+    } else {
+      RowSumSmallKernel<T, W, kUnroll><<<g, p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
+    }
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
@@ -231,8 +240,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
+                  p.unroll, p.cs ? "cs" : "plain");
   } else {
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");

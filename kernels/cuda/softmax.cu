@@ -51,12 +51,39 @@ constexpr int kMaxSplit = 64;                // blocks per row on the split path
 constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
 constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
 
+// e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
+// making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
+// ExpDiff. WithExp calls f with the functor, so each form is its own loop (no per-element choice).
+// The output pass must not use Term: a row of only -inf is NaN there (OutOnly = true).
+struct ExpTermOp {
+  float m;
+  __device__ __forceinline__ float operator()(float x) const { return Term(x, m); }
+};
+struct ExpDiffOp {
+  float m;
+  __device__ __forceinline__ float operator()(float x) const { return ExpDiff(x, m); }
+};
+struct ExpFmaOp {
+  float ml;
+  __device__ __forceinline__ float operator()(float x) const { return ExpFma(x, ml); }
+};
+template <bool OutOnly = false, typename F>
+__device__ __forceinline__ void WithExp(float m, bool fma, F&& f) {
+  if (!OutOnly && m == -INFINITY) {
+    f(ExpTermOp{m});
+  } else if (fma && FmaExpOk(m)) {
+    f(ExpFmaOp{m * kLog2e});
+  } else {
+    f(ExpDiffOp{m});
+  }
+}
+
 // ------------------------------------------------------------------------------ short rows
 // KeepExp: the sum pass keeps each e^(x - max) in registers and the output pass multiplies it by
 // 1/sum (one exp per element, bitwise the same result as recomputing it); VPT x W <= 32 floats.
 template <typename T, int W, int VPT, bool KeepExp = false>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
-                                                                    int nacc, int tpr, bool cs) {
+                                                                    int nacc, int tpr, bool cs, bool fma) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
@@ -73,72 +100,57 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = lane + j * tpr;
-    if (active && a < nacc) {
-      float f[W];
-      Unpack<T, W>(v[j], f);
-#pragma unroll
-      for (int e = 0; e < W; ++e) m = fmaxf(m, f[e]);
-    }
+    if (active && a < nacc) m = fmaxf(m, MaxOf<T, W>(v[j]));
   }
-  m = GroupMax(m, tpr);  // the row max: no partial-state rules needed below
+  m = GroupMax(m, tpr);  // the row max: no partial-state rules needed below (-inf rows are NaN)
   static_assert(!KeepExp || VPT * W <= 32, "KeepExp holds VPT x W floats");
   float kept[KeepExp ? VPT * W : 1];
   float s = 0.f;
+  WithExp<true>(m, fma, [&](const auto& ex) {
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int a = lane + j * tpr;
-    if (active && a < nacc) {
-      float f[W];
-      Unpack<T, W>(v[j], f);
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const float x = ExpDiff(f[e], m);
-        if constexpr (KeepExp) kept[j * W + e] = x;
-        s += x;
-      }
-    }
-  }
-  s = GroupSum(s, tpr);
-  const float inv = 1.0f / s;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int a = lane + j * tpr;
-    if (active && a < nacc) {
-      float f[W];
-      if constexpr (KeepExp) {
-#pragma unroll
-        for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
-      } else {
+    for (int j = 0; j < VPT; ++j) {
+      const int a = lane + j * tpr;
+      if (active && a < nacc) {
+        float f[W];
         Unpack<T, W>(v[j], f);
 #pragma unroll
-        for (int e = 0; e < W; ++e) f[e] = ExpDiff(f[e], m) * inv;
+        for (int e = 0; e < W; ++e) {
+          const float x = ex(f[e]);
+          if constexpr (KeepExp) kept[j * W + e] = x;
+          s += x;
+        }
       }
-      StoreHint(cs, dst + a, PackFloats<T, W>(f));
     }
-  }
+  });
+  s = GroupSum(s, tpr);  // outside WithExp: rows of one warp may take different forms
+  const float inv = 1.0f / s;
+  WithExp<true>(m, fma, [&](const auto& ex) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int a = lane + j * tpr;
+      if (active && a < nacc) {
+        float f[W];
+        if constexpr (KeepExp) {
+#pragma unroll
+          for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
+        } else {
+          Unpack<T, W>(v[j], f);
+#pragma unroll
+          for (int e = 0; e < W; ++e) f[e] = ex(f[e]) * inv;
+        }
+        StoreHint(cs, dst + a, PackFloats<T, W>(f));
+      }
+    }
+  });
 }
 
 // ------------------------------------------------------------------------------ long rows
-template <typename T, int W>
-__device__ __forceinline__ void AccumulateMax(const typename Pack<T, W>::Raw& r, float& m) {
+template <typename T, int W, typename E>
+__device__ __forceinline__ void AccumulateSum(const typename Pack<T, W>::Raw& r, const E& ex, float& s) {
   float f[W];
   Unpack<T, W>(r, f);
 #pragma unroll
-  for (int e = 0; e < W; ++e) m = fmaxf(m, f[e]);
-}
-// m is at least every value of r. With m finite, e^(-inf - m) is 0 without Term's -inf test (the
-// same bits, two instructions fewer per element); m = -inf needs the test (-inf - -inf is NaN).
-template <typename T, int W>
-__device__ __forceinline__ void AccumulateSum(const typename Pack<T, W>::Raw& r, float m, float& s) {
-  float f[W];
-  Unpack<T, W>(r, f);
-  if (m == -INFINITY) {
-#pragma unroll
-    for (int e = 0; e < W; ++e) s += Term(f[e], m);
-  } else {
-#pragma unroll
-    for (int e = 0; e < W; ++e) s += ExpDiff(f[e], m);
-  }
+  for (int e = 0; e < W; ++e) s += ex(f[e]);
 }
 // Online update with one access: one rescale per access, not per element.
 template <typename T, int W>
@@ -154,12 +166,13 @@ __device__ __forceinline__ void AccumulateOnline(const typename Pack<T, W>::Raw&
   for (int e = 0; e < W; ++e) s += Term(f[e], m);
   st = {m, s};
 }
-template <typename T, int W>
-__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, float m, float inv) {
+template <typename T, int W, typename E>
+__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, const E& ex,
+                                                          float inv) {
   float f[W];
   Unpack<T, W>(r, f);
 #pragma unroll
-  for (int e = 0; e < W; ++e) f[e] = ExpDiff(f[e], m) * inv;
+  for (int e = 0; e < W; ++e) f[e] = ex(f[e]) * inv;
   return PackFloats<T, W>(f);
 }
 
@@ -180,7 +193,7 @@ struct Split {
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
                                                                        int csize, int smem_acc, bool cs,
-                                                                       Split sp) {
+                                                                       bool fma, Split sp) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -241,23 +254,27 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   float m = st.m;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    if (t + j * nt < nreg) AccumulateMax<T, W>(v[j], m);
+    if (t + j * nt < nreg) m = fmaxf(m, MaxOf<T, W>(v[j]));
   }
   float s = Rescale(st.s, st.m, m);
+  WithExp(m, fma, [&](const auto& ex) {
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], m, s);
-  }
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
+    }
+  });
   if constexpr (Pack<T, W>::kVec) {
     constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
     for (int p0 = 0, piece = 0; p0 < nsm; p0 += kPiece, ++piece) {
       const int p1 = min(nsm, p0 + kPiece);
       MbarWait(&bars[piece], 0);
       float pm = m;
-      for (int a = p0 + t; a < p1; a += nt) AccumulateMax<T, W>(sm[a], pm);
+      for (int a = p0 + t; a < p1; a += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[a]));
       s = Rescale(s, m, pm);
       m = pm;
-      for (int a = p0 + t; a < p1; a += nt) AccumulateSum<T, W>(sm[a], m, s);
+      WithExp(m, fma, [&](const auto& ex) {
+        for (int a = p0 + t; a < p1; a += nt) AccumulateSum<T, W>(sm[a], ex, s);
+      });
     }
   }
 
@@ -313,27 +330,26 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   }
 
   // 4. Output pass.
-  const float M = tot.m;
   const float inv = 1.0f / tot.s;
+  WithExp<true>(tot.m, fma, [&](const auto& ex) {
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int a = t + j * nt;
-    if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], M, inv));
-  }
-  if constexpr (Pack<T, W>::kVec) {
-    for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M, inv));
-  }
-  {
+    for (int j = 0; j < VPT; ++j) {
+      const int a = t + j * nt;
+      if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex, inv));
+    }
+    if constexpr (Pack<T, W>::kVec) {
+      for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex, inv));
+    }
     int a = nstart + t;
     for (; a + 3 * nt < n; a += 4 * nt) {
       R x[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M, inv));
+      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex, inv));
     }
-    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M, inv));
-  }
+    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex, inv));
+  });
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
 
@@ -406,13 +422,15 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     float m = -INFINITY;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) AccumulateMax<T, W>(v[j], m);
+      if (t + j * nt < nreg) m = fmaxf(m, MaxOf<T, W>(v[j]));
     }
     float s = 0.f;
+    WithExp(m, false, [&](const auto& ex) {
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], m, s);
-    }
+      for (int j = 0; j < VPT; ++j) {
+        if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
+      }
+    });
     MaxSum st{m, s};
     {
       int a = nstart + t;
@@ -429,9 +447,11 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
       MbarWait(&full[p], parity);
       const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
       float pm = st.m;
-      for (int a = lo + t; a < hi; a += nt) AccumulateMax<T, W>(sm[a], pm);
+      for (int a = lo + t; a < hi; a += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[a]));
       float ps = Rescale(st.s, st.m, pm);
-      for (int a = lo + t; a < hi; a += nt) AccumulateSum<T, W>(sm[a], pm, ps);
+      WithExp(pm, false, [&](const auto& ex) {
+        for (int a = lo + t; a < hi; a += nt) AccumulateSum<T, W>(sm[a], ex, ps);
+      });
       st = {pm, ps};
     }
 
@@ -456,7 +476,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     }
 
     // Pass 2: pieces (each refilled with the next row), the streamed remainder, registers.
-    const float M = tot.m;
+    const ExpDiffOp M{tot.m};
     const float inv = 1.0f / tot.s;
     const int64_t next = row + nclusters;
     const R* nsrc = next < rows ? src_of(next) : nullptr;
@@ -512,6 +532,7 @@ struct Plan {
   int nclusters = 0;  // pipelined: clusters launched (persistent)
   const void* kernel = nullptr;  // long rows: the kernel launched (for occupancy queries)
   bool cs = true;     // streaming cache hints
+  bool fma = true;    // e^(x - m) in one FFMA where |m| allows (WithExp)
 };
 
 int CurrentDevice() {
@@ -613,6 +634,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
+  p->fma = k.exp_fma >= 0;
   const int nacc = p->nacc;
   if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) {
     p->kind = Kind::kRows;
@@ -724,7 +746,7 @@ cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, 
     if (z != cudaSuccess) return z;
   }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
-                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, sp);
+                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -751,20 +773,20 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const unsigned g = static_cast<unsigned>(blocks);
     if (p.exp_once) {  // MakePlan allowed it only where VPT x W <= 32
       if constexpr (W * 4 <= 32) {
-        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
       }
       if constexpr (W * 8 <= 32) {
-        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
       }
       if constexpr (W * 16 <= 32) {
-        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs);
+        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
       }
       return cudaGetLastError();
     }
     switch (p.vpt) {
-      case 4: SoftmaxSmallKernel<T, W, 4><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
-      case 8: SoftmaxSmallKernel<T, W, 8><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
-      default: SoftmaxSmallKernel<T, W, 16><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs); break;
+      case 4: SoftmaxSmallKernel<T, W, 4><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
+      case 8: SoftmaxSmallKernel<T, W, 8><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
+      default: SoftmaxSmallKernel<T, W, 16><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
     }
     return cudaGetLastError();
   }
