@@ -137,8 +137,21 @@ inline std::vector<Variant> Variants() {
     for (const Shape& s : RowShapes()) add("rowsum", s, d, Choice(0, 0, 0, 0, 0, 0, 0, kPlain), "auto plain");
   }
   add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
-  add("rowsum", {262144, 128}, D::kBFloat16, Choice(0, 8, 0, 0, 0, -1), "rows u=8 (before run 12)");
   add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 u=4");
+  // Short rows with persistent blocks (run 13): no block launches after the first wave, and every
+  // block ends with the same share.
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
+      for (int n : {1, 2}) {
+        cuda::KernelChoice k = Choice(0, 0, 0, 0, 0, -1);
+        k.persistent = n;
+        add("rowsum", sh, d, k, n == 1 ? "rows persistent x1" : "rows persistent x2");
+      }
+      cuda::KernelChoice k = Choice(0, 4, 0, 0, 0, -1);
+      k.persistent = 1;
+      add("rowsum", sh, d, k, "rows persistent u=4");
+    }
+  }
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");

@@ -64,6 +64,8 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
 //   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32 (adds <= 2e-6
 //                     relative error), -1 = always (x - max) x log2(e) (two instructions)
+//   persistent        short-row row sum: N > 0 = N x the blocks the SMs hold, each looping
+//                     over an equal share of the rows (0 = a block per group of rows)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it
@@ -81,6 +83,7 @@ struct KernelChoice {
   int split = 0;
   int split_wait_us = 0;
   int exp_fma = 0;
+  int persistent = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

@@ -54,7 +54,7 @@ constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lo
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
 // ExpDiff. WithExp calls f with the functor, so each form is its own loop (no per-element choice).
-// The output pass must not use Term: a row of only -inf is NaN there (OutOnly = true).
+// Where m is the row max itself (short rows), NoTerm = true: a row of only -inf must become NaN.
 struct ExpTermOp {
   float m;
   __device__ __forceinline__ float operator()(float x) const { return Term(x, m); }
@@ -67,9 +67,28 @@ struct ExpFmaOp {
   float ml;
   __device__ __forceinline__ float operator()(float x) const { return ExpFma(x, ml); }
 };
-template <bool OutOnly = false, typename F>
+// The output e^(x - m) / s, likewise: with the FFMA form 1/s goes into the exponent,
+// 2^(x log2e - (m log2e + log2 s)), one FFMA and one ex2 per element and no multiply (adds the
+// rounding of m log2e + log2 s: <= 70 x 2^-24 in the exponent, 3e-6 relative, for s <= 2^24).
+struct OutFmaOp {
+  float c;
+  __device__ __forceinline__ float operator()(float x) const { return Ex2(fmaf(x, kLog2e, -c)); }
+};
+struct OutDiffOp {
+  float m, inv;
+  __device__ __forceinline__ float operator()(float x) const { return ExpDiff(x, m) * inv; }
+};
+template <typename F>
+__device__ __forceinline__ void WithOut(float m, float s, bool fma, F&& f) {
+  if (fma && FmaExpOk(m)) {
+    f(OutFmaOp{fmaf(m, kLog2e, log2f(s))});
+  } else {
+    f(OutDiffOp{m, 1.0f / s});
+  }
+}
+template <bool NoTerm = false, typename F>
 __device__ __forceinline__ void WithExp(float m, bool fma, F&& f) {
-  if (!OutOnly && m == -INFINITY) {
+  if (!NoTerm && m == -INFINITY) {
     f(ExpTermOp{m});
   } else if (fma && FmaExpOk(m)) {
     f(ExpFmaOp{m * kLog2e});
@@ -80,7 +99,8 @@ __device__ __forceinline__ void WithExp(float m, bool fma, F&& f) {
 
 // ------------------------------------------------------------------------------ short rows
 // KeepExp: the sum pass keeps each e^(x - max) in registers and the output pass multiplies it by
-// 1/sum (one exp per element, bitwise the same result as recomputing it); VPT x W <= 32 floats.
+// 1/sum (one exp per element; bitwise the same result as recomputing it with the same two-step
+// output, exp_fma = -1); VPT x W <= 32 floats.
 template <typename T, int W, int VPT, bool KeepExp = false>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
                                                                     int nacc, int tpr, bool cs, bool fma) {
@@ -123,25 +143,27 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
     }
   });
   s = GroupSum(s, tpr);  // outside WithExp: rows of one warp may take different forms
-  const float inv = 1.0f / s;
-  WithExp<true>(m, fma, [&](const auto& ex) {
+  if constexpr (KeepExp) {
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int a = lane + j * tpr;
       if (active && a < nacc) {
         float f[W];
-        if constexpr (KeepExp) {
 #pragma unroll
-          for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
-        } else {
-          Unpack<T, W>(v[j], f);
-#pragma unroll
-          for (int e = 0; e < W; ++e) f[e] = ex(f[e]) * inv;
-        }
+        for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
         StoreHint(cs, dst + a, PackFloats<T, W>(f));
       }
     }
-  });
+  } else {
+    WithOut(m, s, fma, [&](const auto& op) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int a = lane + j * tpr;
+        if (active && a < nacc) StoreHint(cs, dst + a, Output<T, W>(v[j], op));
+      }
+    });
+  }
 }
 
 // ------------------------------------------------------------------------------ long rows
@@ -166,13 +188,12 @@ __device__ __forceinline__ void AccumulateOnline(const typename Pack<T, W>::Raw&
   for (int e = 0; e < W; ++e) s += Term(f[e], m);
   st = {m, s};
 }
-template <typename T, int W, typename E>
-__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, const E& ex,
-                                                          float inv) {
+template <typename T, int W, typename O>
+__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, const O& op) {
   float f[W];
   Unpack<T, W>(r, f);
 #pragma unroll
-  for (int e = 0; e < W; ++e) f[e] = ex(f[e]) * inv;
+  for (int e = 0; e < W; ++e) f[e] = op(f[e]);
   return PackFloats<T, W>(f);
 }
 
@@ -330,15 +351,14 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   }
 
   // 4. Output pass.
-  const float inv = 1.0f / tot.s;
-  WithExp<true>(tot.m, fma, [&](const auto& ex) {
+  WithOut(tot.m, tot.s, fma, [&](const auto& ex) {
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int a = t + j * nt;
-      if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex, inv));
+      if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
     }
     if constexpr (Pack<T, W>::kVec) {
-      for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex, inv));
+      for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
     }
     int a = nstart + t;
     for (; a + 3 * nt < n; a += 4 * nt) {
@@ -346,9 +366,9 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 #pragma unroll
       for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex, inv));
+      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex));
     }
-    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex, inv));
+    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex));
   });
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
@@ -476,13 +496,12 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     }
 
     // Pass 2: pieces (each refilled with the next row), the streamed remainder, registers.
-    const ExpDiffOp M{tot.m};
-    const float inv = 1.0f / tot.s;
+    const OutDiffOp M{tot.m, 1.0f / tot.s};
     const int64_t next = row + nclusters;
     const R* nsrc = next < rows ? src_of(next) : nullptr;
     for (int p = 0; p < npieces; ++p) {
       const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
-      for (int a = lo + t; a < hi; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M, inv));
+      for (int a = lo + t; a < hi; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M));
       __syncthreads();  // every thread has read piece p
       if (t == 0 && nsrc != nullptr) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -496,13 +515,13 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 #pragma unroll
         for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
 #pragma unroll
-        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M, inv));
+        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M));
       }
-      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M, inv));
+      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M));
     }
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) StoreHint(cs, dst + t + j * nt, Output<T, W>(v[j], M, inv));
+      if (t + j * nt < nreg) StoreHint(cs, dst + t + j * nt, Output<T, W>(v[j], M));
     }
     if (nsrc != nullptr) {
 #pragma unroll

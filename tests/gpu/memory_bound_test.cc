@@ -375,7 +375,8 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
 }
 
 // Short rows with exp_once (e^(x - max) kept in registers) give the same bits as recomputing it,
-// special rows included: the sum and the output see the same e^(x - max) either way.
+// special rows included: the sum and the output see the same e^(x - max) either way (with the
+// two-step exponent; the FFMA form's output is checked against the reference like every path).
 TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
   const DType dt = GetParam();
   const size_t es = ElementSize(dt);
@@ -392,6 +393,7 @@ TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
       KernelChoice k1, k2;
       k1.exp_once = 1;
       k2.exp_once = -1;
+      k1.exp_fma = k2.exp_fma = -1;  // the FFMA output folds 1/sum into the exponent: other bits
       const std::string where = Where(dt, rows, cols, off * es, off * es, 0, "exp_once");
       ASSERT_TRUE(RunOp(in, off * es, rows * cols * es, off * es,
                         [&](const void* i, void* o) { return cuda::LaunchSoftmaxWith(k1, dt, i, o, rows, cols, nullptr); },
@@ -478,6 +480,21 @@ TEST_P(MemoryBound, RowSumLongRowKernelShapes) {
                                    reinterpret_cast<float*>(b.get()) + 12000, 2, 4096, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Short rows with persistent blocks: each block loops over many groups of rows (the last one
+// partial), 4 or 8 loads in flight, vector and scalar paths.
+TEST_P(MemoryBound, RowSumPersistentBlocks) {
+  for (int persistent : {1, 2}) {
+    for (int unroll : {4, 8}) {
+      KernelChoice k = bench::Choice(0, unroll, 0, 0, 0, -1);
+      k.persistent = persistent;
+      SCOPED_TRACE(::testing::Message() << "persistent " << persistent << " unroll " << unroll);
+      CheckRowSum(300007, 3, {0, 0}, k);
+      CheckRowSum(100003, 128, {0, 0}, k);
+      CheckRowSum(20001, 1000, {1, 3}, k);
+    }
+  }
 }
 
 TEST_P(MemoryBound, RowSumZeroColumns) {
