@@ -97,6 +97,16 @@ __device__ __forceinline__ void WithExp(float m, bool fma, F&& f) {
   }
 }
 
+// One access out: op(x) for each of its values.
+template <typename T, int W, typename O>
+__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, const O& op) {
+  float f[W];
+  Unpack<T, W>(r, f);
+#pragma unroll
+  for (int e = 0; e < W; ++e) f[e] = op(f[e]);
+  return PackFloats<T, W>(f);
+}
+
 // ------------------------------------------------------------------------------ short rows
 // KeepExp: the sum pass keeps each e^(x - max) in registers and the output pass multiplies it by
 // 1/sum (one exp per element; bitwise the same result as recomputing it with the same two-step
@@ -187,14 +197,6 @@ __device__ __forceinline__ void AccumulateOnline(const typename Pack<T, W>::Raw&
 #pragma unroll
   for (int e = 0; e < W; ++e) s += Term(f[e], m);
   st = {m, s};
-}
-template <typename T, int W, typename O>
-__device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T, W>::Raw& r, const O& op) {
-  float f[W];
-  Unpack<T, W>(r, f);
-#pragma unroll
-  for (int e = 0; e < W; ++e) f[e] = op(f[e]);
-  return PackFloats<T, W>(f);
 }
 
 // A row split over `blocks` independent blocks (no cluster) that combine their (max, sum) pairs
