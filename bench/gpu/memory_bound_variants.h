@@ -119,6 +119,21 @@ inline std::vector<Variant> Variants() {
         "split=" + std::to_string(blocks) + " t=" + std::to_string(threads) + " v=" + std::to_string(vpt);
     add("softmax", {128, 1048576}, d, Choice(0, vpt, 0, threads, 0, 1, 0, 0, 0, blocks), label.c_str());
   };
+  // L2 prefetch of the chunk a quarter / half / all of the resident blocks ahead (run 14).
+  auto ahead = [&](Shape sh, D d, cuda::KernelChoice k, int quarters, const std::string& what) {
+    k.prefetch = quarters;
+    add("softmax", sh, d, k, (what + " prefetch=" + std::to_string(quarters)).c_str());
+  };
+  for (int q : {1, 2, 4}) {
+    ahead({128, 1048576}, D::kFloat32, Choice(0, 8, 0, 256, 0, 1, 0, 0, 0, 32), q, "split=32 t=256 v=8");
+    ahead({128, 1048576}, D::kBFloat16, Choice(0, 8, 0, 256, 0, 1, 0, 0, 0, 32), q, "split=32 t=256 v=8");
+  }
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    ahead({128, 1048576}, d, cuda::KernelChoice{}, 4, "auto");
+    ahead({8192, 8192}, d, cuda::KernelChoice{}, 2, "auto");
+    ahead({8192, 8192}, d, cuda::KernelChoice{}, 4, "auto");
+    ahead({2048, 32768}, d, cuda::KernelChoice{}, 4, "auto");
+  }
   // Run 11: fp32 best 32 x (512 t, 4 v) 3664 GB/s, bf16 best 32 x (256 t, 8 v) 3361 (2 and 4 blocks
   // per SM); 48 x (512, 4) and 64 x (512, 8) lost (2 blocks per SM, less on chip). Run 12: more
   // blocks per SM with shared memory (4 x 256 threads, 3-4 x 80-100 KiB).
@@ -137,21 +152,6 @@ inline std::vector<Variant> Variants() {
     for (const Shape& s : RowShapes()) add("rowsum", s, d, Choice(0, 0, 0, 0, 0, 0, 0, kPlain), "auto plain");
   }
   add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
-  add("rowsum", {262144, 128}, D::kFloat32, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 u=4");
-  // Short rows with persistent blocks (run 13): no block launches after the first wave, and every
-  // block ends with the same share.
-  for (D d : {D::kFloat32, D::kBFloat16}) {
-    for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
-      for (int n : {1, 2}) {
-        cuda::KernelChoice k = Choice(0, 0, 0, 0, 0, -1);
-        k.persistent = n;
-        add("rowsum", sh, d, k, n == 1 ? "rows persistent x1" : "rows persistent x2");
-      }
-      cuda::KernelChoice k = Choice(0, 4, 0, 0, 0, -1);
-      k.persistent = 1;
-      add("rowsum", sh, d, k, "rows persistent u=4");
-    }
-  }
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");

@@ -337,6 +337,11 @@ __device__ __forceinline__ void BulkLoad(void* smem_dst, const void* gmem_src, u
       : "memory");
 }
 
+// Global -> L2 only (no completion to wait for), `bytes` a multiple of 16, 16-byte aligned.
+__device__ __forceinline__ void BulkPrefetchL2(const void* gmem_src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem_src), "r"(bytes) : "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Blocks of one grid meeting through global memory (softmax rows split without a cluster).
 // Nanoseconds since an arbitrary origin (the GPU's global timer).

@@ -48,8 +48,8 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 // cudaErrorInvalidValue.
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
-//                     for the pipelined kernel); row sum: loads in flight per lane (short rows
-//                     4 or 8; long rows with threads 256: 4, 8, 16; with 512: 8)
+//                     for the pipelined kernel); long-row row sum: loads in flight per thread
+//                     (with threads 256: 4, 8, 16; with 512: 8)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
 //   threads           long-row softmax: threads per block (multiple of 32, <= 512); short-row
 //                     softmax: 32, 64, 128 or 256 (>= threads_per_row); row sum: threads per
@@ -64,8 +64,8 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
 //   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32 (adds <= 2e-6
 //                     relative error), -1 = always (x - max) x log2(e) (two instructions)
-//   persistent        short-row row sum: N > 0 = N x the blocks the SMs hold, each looping
-//                     over an equal share of the rows (0 = a block per group of rows)
+//   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
+//                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (0..8)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it
@@ -83,7 +83,7 @@ struct KernelChoice {
   int split = 0;
   int split_wait_us = 0;
   int exp_fma = 0;
-  int persistent = 0;
+  int prefetch = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

@@ -5,8 +5,7 @@
 // add per element. Read-only streaming: each thread keeps several 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc < 1024): a group of `tpr` lanes (4..32) per row, each lane summing every
-//    tpr-th access, kUnroll loads in flight (4 where a lane has no more); shuffle reduction in the
-//    group; 256-thread blocks.
+//    tpr-th access, kUnroll loads in flight; shuffle reduction in the group; 256-thread blocks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), kLongUnroll loads in
 //    flight per thread (16 on long fp32 chunks); each block sums its chunk, the cluster's block 0
 //    adds the C partial sums from distributed shared memory in rank order (deterministic, no
@@ -64,22 +63,16 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-// U loads in flight per lane (8; 4 as a variant). Block b sums rows b, b + gridDim.x, ... of
-// blockDim.x / tpr rows each (one pass when the grid covers the rows; fewer, persistent blocks
-// loop).
-template <typename T, int W, int U>
+template <typename T, int W>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
                                                           int tpr, bool cs) {
   using R = typename Pack<T, W>::Raw;
   const int lane = threadIdx.x & (tpr - 1);
-  const int64_t per_block = blockDim.x / tpr;
-  for (int64_t row = blockIdx.x * per_block + threadIdx.x / tpr; row - threadIdx.x / tpr < rows;
-       row += gridDim.x * per_block) {
-    float s = 0.f;
-    if (row < rows) s = StridedSum<T, W, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
-    s = GroupSum(s, tpr);
-    if (lane == 0 && row < rows) out[row] = s;
-  }
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  float s = 0.f;
+  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
+  s = GroupSum(s, tpr);
+  if (lane == 0 && row < rows) out[row] = s;
 }
 
 // grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1. U loads in flight per thread, at
@@ -119,8 +112,7 @@ struct Plan {
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
-  int unroll = kLongUnroll;  // loads in flight per thread
-  int persistent = 0;        // short rows: > 0 = resident blocks x this, looping over the rows
+  int unroll = kLongUnroll;  // long rows: loads in flight per thread
   bool cs = true;
 };
 
@@ -143,11 +135,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
-    // 8 loads in flight even where a lane has only 4 accesses: U = 4 (32 registers, twice the
-    // blocks per SM) measured 5% slower on bf16 262144x128 (NOTES.md run 12).
-    p->unroll = k.vectors_per_thread ? k.vectors_per_thread : kUnroll;
-    p->persistent = std::max(0, k.persistent);
-    if (p->unroll != 4 && p->unroll != 8) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
@@ -175,24 +162,10 @@ template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
   if (p.small) {
-    auto launch = [&](auto kernel) {
-      int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
-      if (p.persistent > 0) {  // the blocks the SMs hold x persistent, each with the same share
-        int dev = 0, sms = 0, per_sm = 0;
-        if (cudaGetDevice(&dev) == cudaSuccess &&
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, p.threads, 0) == cudaSuccess &&
-            per_sm > 0) {
-          const int64_t resident = int64_t{per_sm} * sms * p.persistent;
-          blocks = CeilDiv(blocks, CeilDiv(blocks, resident));
-        }
-        cudaGetLastError();
-      }
-      if (blocks > INT_MAX) return cudaErrorInvalidValue;
-      kernel<<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
-      return cudaGetLastError();
-    };
-    return p.unroll == 4 ? launch(RowSumSmallKernel<T, W, 4>) : launch(RowSumSmallKernel<T, W, kUnroll>);
+    const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
+    if (blocks > INT_MAX) return cudaErrorInvalidValue;
+    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
+    return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(rows * p.csize));
@@ -258,8 +231,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
-                  p.unroll, p.cs ? "cs" : "plain", p.persistent ? " persistent" : "");
+    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
+                  p.cs ? "cs" : "plain");
   } else {
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");

@@ -216,7 +216,7 @@ struct Split {
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
                                                                        int csize, int smem_acc, bool cs,
-                                                                       bool fma, Split sp) {
+                                                                       bool fma, Split sp, int ahead) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -256,6 +256,16 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
         MbarArriveExpectTx(&bars[piece], b);
         BulkLoad(d + off, g + off, b, &bars[piece]);
       }
+    }
+    // The chunk of block blockIdx.x + ahead into L2: DRAM reads keep going while the blocks
+    // on chip reduce, wait for their row-mates and store (that block then loads from L2).
+    if (ahead > 0 && t == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
+      const int64_t fb = blockIdx.x + static_cast<int64_t>(ahead);
+      const int fa0 = static_cast<int>(fb % per_row) * chunk;
+      const int fn = max(0, min(nacc - fa0, chunk));
+      const char* g = reinterpret_cast<const char*>(reinterpret_cast<const R*>(in) + (fb / per_row) * nacc + fa0);
+      const uint32_t bytes = static_cast<uint32_t>(fn) * 16u;
+      for (uint32_t off = 0; off < bytes; off += kBulkPiece) BulkPrefetchL2(g + off, min(kBulkPiece, bytes - off));
     }
     __syncthreads();  // the mbarriers are initialised before anyone waits on them
   }
@@ -554,6 +564,7 @@ struct Plan {
   const void* kernel = nullptr;  // long rows: the kernel launched (for occupancy queries)
   bool cs = true;     // streaming cache hints
   bool fma = true;    // e^(x - m) in one FFMA where |m| allows (WithExp)
+  int ahead = 0;      // long rows: L2 prefetch of the chunk this many blocks ahead (0 = none)
 };
 
 int CurrentDevice() {
@@ -620,6 +631,25 @@ int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
   cudaGetLastError();
   g_active[key] = n;
   return n;
+}
+
+// Blocks of `kernel` the whole device holds at once (plain launch), cached like ActiveClusters.
+std::map<std::tuple<const void*, int, int, int>, int> g_resident;
+int ResidentBlocks(const void* kernel, int threads, int smem) {
+  PrepareKernel(kernel);
+  const int dev = CurrentDevice();
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto key = std::make_tuple(kernel, dev, threads, smem);
+  auto it = g_resident.find(key);
+  if (it != g_resident.end()) return it->second;
+  int per_sm = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    per_sm = sms = 0;
+  }
+  cudaGetLastError();
+  g_resident[key] = per_sm * sms;
+  return per_sm * sms;
 }
 
 template <typename T, int W>
@@ -724,6 +754,11 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
+  if (k.prefetch < 0 || k.prefetch > 8) return cudaErrorInvalidValue;
+  if (k.prefetch > 0 && p->vec && !pipe) {  // k.prefetch quarters of the blocks resident at once
+    p->ahead = static_cast<int>(std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} *
+                                                          k.prefetch / 4));
+  }
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   p->kernel = kernel;
   p->vpt = vpt;
@@ -767,7 +802,7 @@ cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, 
     if (z != cudaSuccess) return z;
   }
   const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
-                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp);
+                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -902,6 +937,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
       cudaGetLastError();
       clusters = " split=" + std::to_string(p.split) + " per_sm=" + std::to_string(per_sm);
     }
+    if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
                   p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());

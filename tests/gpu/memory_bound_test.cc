@@ -324,8 +324,8 @@ TEST_P(MemoryBound, SoftmaxSpecialRows) {
 
 // Rows split over independent blocks that meet in the workspace: 2..64 blocks per row, pieces in
 // registers only, with shared memory, with a streamed remainder, the scalar path, special rows,
-// and blocks that do not wait for their row-mates (each reads its row itself); a forced split
-// without enough workspace is refused.
+// blocks that do not wait for their row-mates (each reads its row itself), and L2 prefetch of a
+// later block's chunk; a forced split without enough workspace is refused.
 TEST_P(MemoryBound, SoftmaxSplitRows) {
   const DType dt = GetParam();
   const bool f32 = dt == DType::kFloat32;
@@ -362,6 +362,18 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
   CheckSoftmax(6, mega, {0, 0}, k, edit);
   k.split_wait_us = -1;
   CheckSoftmax(6, mega, {0, 0}, k, edit);
+  // L2 prefetch of a later block's chunk (split, block per row, cluster): the same results.
+  for (int q : {1, 8}) {
+    KernelChoice kp = bench::Choice(0, 8, 0, 256, 0, 1);
+    kp.split = 2;
+    kp.prefetch = q;
+    CheckSoftmax(1000, 8192, {0, 0}, kp);
+    kp.split = 0;
+    CheckSoftmax(1000, 8192, {0, 0}, kp);
+    KernelChoice kc;
+    kc.prefetch = q;
+    CheckSoftmax(40, 1 << 20, {0, 0}, kc);
+  }
   DeviceBuffer b(1 << 20);
   k.split_wait_us = 0;
   const size_t need = cuda::SoftmaxWorkspaceBytes(dt, 2, 65536, k);
@@ -480,21 +492,6 @@ TEST_P(MemoryBound, RowSumLongRowKernelShapes) {
                                    reinterpret_cast<float*>(b.get()) + 12000, 2, 4096, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
-// Short rows with persistent blocks: each block loops over many groups of rows (the last one
-// partial), 4 or 8 loads in flight, vector and scalar paths.
-TEST_P(MemoryBound, RowSumPersistentBlocks) {
-  for (int persistent : {1, 2}) {
-    for (int unroll : {4, 8}) {
-      KernelChoice k = bench::Choice(0, unroll, 0, 0, 0, -1);
-      k.persistent = persistent;
-      SCOPED_TRACE(::testing::Message() << "persistent " << persistent << " unroll " << unroll);
-      CheckRowSum(300007, 3, {0, 0}, k);
-      CheckRowSum(100003, 128, {0, 0}, k);
-      CheckRowSum(20001, 1000, {1, 3}, k);
-    }
-  }
 }
 
 TEST_P(MemoryBound, RowSumZeroColumns) {
