@@ -19,8 +19,9 @@
 // row length allow it, a scalar path otherwise. Negative sizes give cudaErrorInvalidValue.
 // Thread safety: launchers may be called concurrently from several threads and streams.
 // Cost: one pass over the data (each input byte read once from HBM, each output written once),
-// except softmax rows longer than a cluster can hold on chip (16 blocks x 288 KiB: fp32 rows >
-// ~1.2M elements, 16-bit rows > ~2.4M): the part that does not fit is read a second time.
+// except softmax rows longer than their blocks hold on chip (with a workspace, 64 blocks x 288 KiB:
+// fp32 rows > ~4.7M elements, 16-bit > ~9.4M; without, a cluster of 16 x 288 KiB: > ~1.2M / 2.4M):
+// the part that does not fit is read a second time.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -59,13 +60,15 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
 //   split             long-row softmax: blocks per row (2..64) that combine in the workspace
-//                     instead of a cluster (not with cluster > 1 or pipeline)
+//                     instead of a cluster (not with cluster > 1 or pipeline); 0 = automatic
+//                     (rows that would take a cluster of 8+, when the workspace suffices)
 //   split_wait_us     split: how long a block waits for its row-mates before reading the row
 //                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
 //   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32 (adds <= 2e-6
 //                     relative error), -1 = always (x - max) x log2(e) (two instructions)
 //   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
-//                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (0..8)
+//                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
+//                     0 = automatic: 1 for 4-byte types on the split path; -1 = none)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it

@@ -1,26 +1,32 @@
 // Softmax over the last axis on the GPU, float32 / float16 / bfloat16, float32 arithmetic.
 //
-// Cost: one read and one write of every element (2 rows cols sizeof(T) bytes) for rows up to
-// 2^20 fp32 / 2^21 half elements, which are held on chip (registers + shared memory) between the
-// reduction and the output pass. Longer rows read the part that does not fit a second time (from
-// L2 where it still is). Arithmetic: two exp2 per element (sum, output), about 10 instructions;
-// one exp2 on short rows whose values fit in registers (the sum's e^(x - max) kept for the output).
+// Cost: one read and one write of every element (2 rows cols sizeof(T) bytes) while a row's
+// chunks fit on chip (registers + shared memory) between the reduction and the output pass: rows
+// up to ~4M fp32 / ~8M half elements on the split path, 2^20 / 2^21 on clusters. Longer rows read
+// the part that does not fit a second time (from L2 where it still is). Arithmetic per element:
+// a packed max, two exp2 (sum, output) each one FFMA from the input where |max| <= 32, about 8
+// instructions; one exp2 on short rows whose values fit in registers (the sum's e^(x - max) kept).
 //
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc <= 512): a group of `tpr` lanes (1..32) per row, each lane holding VPT
 //    accesses in registers; max and sum by warp shuffles within the group; 256-thread blocks.
-//  - long rows (one-shot kernel, the default): a thread-block cluster of C blocks per row (C = 1 is
-//    a plain block per row). Each block holds its chunk in registers (up to 512 threads x 8
-//    accesses = 64 KiB), then in shared memory (up to 224 KiB, filled by the bulk-copy engine,
-//    cp.async.bulk, in 32 KiB pieces with one mbarrier each, so each piece is reduced as soon as
-//    it lands), and streams any remainder twice. Each thread
-//    reduces its values to a (max, sum of e^(x-max)) pair, the block combines pairs, the cluster
-//    combines the blocks' pairs through distributed shared memory (one cluster barrier), then
-//    every block writes its chunk: e^(x - max) / sum. C is the smallest power of two whose blocks
-//    hold the row (18432 accesses each); from 8 up the largest the device co-schedules, 16
-//    (non-portable): 16 x 288 KiB covers a 2^20 fp32 row. On the H200 only 7 clusters of 16 (112
-//    of 132 SMs) fit at once, and each block alternates load / reduce / store phases with one
-//    block per SM: 128x1048576 reaches ~70% of copy bandwidth (NOTES.md, with the profile).
+//  - long rows (one-shot kernel): each block holds its chunk of a row in registers (up to 512
+//    threads x 8 accesses = 64 KiB), then in shared memory (up to 224 KiB, filled by the bulk-copy
+//    engine, cp.async.bulk, in 32 KiB pieces with one mbarrier each, so each piece is reduced as
+//    soon as it lands), and streams any remainder twice. Each thread reduces its values to a (max,
+//    sum of e^(x-max)) pair, the block combines pairs, the row's blocks combine theirs, then every
+//    block writes its chunk: e^(x - max) / sum. The row's blocks are
+//      * one block (rows up to 18432 accesses), or a thread-block cluster of C = 2 or 4 combining
+//        through distributed shared memory (one cluster barrier);
+//      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
+//        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
+//        memory and wait for the row's count (Split, below). No gang-scheduling: all 132 SMs and
+//        2-4 blocks per SM whose load / reduce / store phases drift apart. fp32 blocks also
+//        prefetch into L2 the chunk a quarter of the resident blocks ahead. 128x1048576: ~88%
+//        (fp32) and ~83% (bf16) of copy bandwidth (NOTES.md runs 11-14);
+//      * without a workspace, a cluster of 16 (non-portable; 16 x 288 KiB covers a 2^20 fp32 row).
+//        The H200 fits only 7 at once (112 of 132 SMs), one block per SM alternating load / reduce
+//        / store: 128x1048576 at ~75% of copy bandwidth.
 //  - long rows, pipelined (opt-in, KernelChoice::pipeline = 1): persistent clusters that consume
 //    shared-memory pieces as they land and refill them with the next row; measured slower than
 //    the one-shot kernel on every shape so far (NOTES.md), kept for further work.
@@ -710,37 +716,55 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     if (p->exp_once && !fits) return cudaErrorInvalidValue;
     return cudaSuccess;
   }
-  // Rows spread over the largest clusters: fp32 measured faster with 4 accesses per thread in
-  // registers and more shared memory (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
-  const bool huge = CeilDiv(nacc, static_cast<int64_t>(kChunkMaxThreads) * 8 + kBigSmemBytes / 16) > 4;
-  const int vpt = k.vectors_per_thread ? k.vectors_per_thread : (huge && sizeof(T) == 4 && p->vec) ? 4 : 8;
-  if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
     return cudaErrorInvalidValue;
   }
-  if (k.split < 0 || k.split > kMaxSplit || (k.split > 1 && (k.cluster > 1 || k.pipeline > 0))) {
+  if (k.split < 0 || k.split > kMaxSplit || (k.split > 1 && (k.cluster > 1 || k.pipeline > 0)) ||
+      k.prefetch < -1 || k.prefetch > 8) {
     return cudaErrorInvalidValue;
   }
-  const int split = std::max(1, k.split);
-  if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
   const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
+  // Blocks of 512 threads x 8 accesses in registers + 224 KiB of shared memory (18432 accesses)
+  // that hold the row on chip.
+  const int64_t cap = static_cast<int64_t>(kChunkMaxThreads) * 8 + (p->vec ? kBigSmemBytes / 16 : 0);
+  const int need_c = Pow2Ceil(CeilDiv(nacc, cap));
+  // Rows that need 8 or more: split over plain blocks that meet in the workspace (when the caller
+  // gives it) rather than a cluster of 16, which only 7 at a time fit on the H200 (112 SMs): 128 KiB
+  // per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM), 256 threads x 8 accesses
+  // in registers and the rest in shared memory; 4-byte types also prefetch into L2 the chunk a
+  // quarter of the resident blocks ahead. 128x1048576: fp32 +14%, bf16 +11% (NOTES.md runs 11-14).
+  int split = std::max(1, k.split);
+  bool auto_split = false;
+  if (k.split == 0 && k.cluster == 0 && !pipe && p->vec && need_c >= 8) {
+    const int want = static_cast<int>(std::min<int64_t>(kMaxSplit, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096)));
+    if (SplitBytes(rows, want) <= ws_bytes) {
+      split = want;
+      auto_split = true;
+    }
+  }
+  if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
+  // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
+  // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
+  const bool huge = CeilDiv(nacc, cap) > 4;
+  const int vpt = k.vectors_per_thread ? k.vectors_per_thread
+                  : auto_split         ? 8
+                  : (huge && sizeof(T) == 4 && p->vec) ? 4
+                                                       : 8;
+  if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
+  const int auto_c = need_c >= 8 ? max_c : need_c;  // from 8 up, the largest the device runs
   int csize, threads, smem_acc = 0;
-  // Smallest cluster whose blocks hold the row on chip (512 threads x 8 accesses in registers +
-  // 224 KiB of shared memory = 18432 accesses each); from 8 up, the largest the device runs (16).
-  const int64_t cap = static_cast<int64_t>(kChunkMaxThreads) * 8 + (p->vec ? kBigSmemBytes / 16 : 0);
-  int auto_c = Pow2Ceil(CeilDiv(nacc, cap));
-  if (auto_c >= 8) auto_c = max_c;
   if (pipe) {
     threads = k.threads ? k.threads : kChunkMaxThreads;
     csize = k.cluster ? k.cluster : auto_c;
   } else {
     // One-shot kernel: registers, then shared memory, rest streamed.
     csize = split > 1 ? 1 : k.cluster ? k.cluster : auto_c;
-    threads = k.threads ? k.threads
-                        : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize * split), vpt)));
+    threads = k.threads     ? k.threads
+              : auto_split ? 256
+                           : std::min(kChunkMaxThreads, RoundUp32(CeilDiv(CeilDiv(nacc, csize * split), vpt)));
   }
   if (csize > max_c) return cudaErrorInvalidValue;
   const int64_t chunk = CeilDiv(nacc, csize * split);
@@ -754,10 +778,10 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
-  if (k.prefetch < 0 || k.prefetch > 8) return cudaErrorInvalidValue;
-  if (k.prefetch > 0 && p->vec && !pipe) {  // k.prefetch quarters of the blocks resident at once
-    p->ahead = static_cast<int>(std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} *
-                                                          k.prefetch / 4));
+  const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split && sizeof(T) == 4 ? 1 : 0;
+  if (prefetch > 0 && p->vec && !pipe) {  // quarters of the blocks resident at once
+    p->ahead = static_cast<int>(
+        std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   p->kernel = kernel;

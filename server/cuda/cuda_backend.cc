@@ -139,7 +139,8 @@ class CudaBackend final : public Backend {
   absl::Status RunCall(StreamWorker& w, const OpCall& call, OpTiming* t);
   absl::Status RunWrite(StreamWorker& w, void* dst, const void* src, size_t bytes, OpTiming* t);
   absl::Status RunRead(StreamWorker& w, void* dst, const void* src, size_t bytes, OpTiming* t);
-  absl::Status Launch(StreamWorker& w, const OpCall& call, const void* const in[3], void* out);
+  absl::Status Launch(StreamWorker& w, const OpCall& call, const void* const in[3], void* out,
+                      cuda::Workspace ws);
 
   // Stream-ordered allocation from the pool; trims and retries once on OOM.
   absl::Status PoolAlloc(size_t bytes, cudaStream_t stream, void** p);
@@ -383,14 +384,14 @@ float Elapsed(cudaEvent_t a, cudaEvent_t b) {
 }
 
 absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* const in[3],
-                                 void* out) {
+                                 void* out, cuda::Workspace ws) {
   cudaError_t e = cudaSuccess;
   switch (c.op) {
     case Op::kGelu:
       e = cuda::LaunchGelu(c.dtype, in[0], out, c.rows * c.cols, w.stream());
       break;
     case Op::kSoftmax:
-      e = cuda::LaunchSoftmax(c.dtype, in[0], out, c.rows, c.cols, w.stream());
+      e = cuda::LaunchSoftmax(c.dtype, in[0], out, c.rows, c.cols, w.stream(), ws);
       break;
     case Op::kRowSum:
       e = cuda::LaunchRowSum(c.dtype, in[0], static_cast<float*>(out), c.rows, c.cols, w.stream());
@@ -424,10 +425,11 @@ absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* c
   return e == cudaSuccess ? absl::OkStatus() : Fail(e, OpName(c.op), &w);
 }
 
-// Byte sizes of a call's operands and result.
+// Byte sizes of a call's operands, result and kernel workspace (softmax's split rows).
 struct Sizes {
   size_t in[3] = {0, 0, 0};
   size_t out = 0;
+  size_t workspace = 0;
 };
 
 absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
@@ -440,6 +442,7 @@ absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
       if (c.rows < 0 || c.cols < 0) return absl::InvalidArgumentError("negative shape");
       s.in[0] = static_cast<size_t>(c.rows) * c.cols * es;
       s.out = c.op == Op::kRowSum ? static_cast<size_t>(c.rows) * sizeof(float) : s.in[0];
+      if (c.op == Op::kSoftmax) s.workspace = cuda::SoftmaxWorkspaceBytes(c.dtype, c.rows, c.cols);
       break;
     case Op::kMatmulRelu:
       if (c.m < 0 || c.n < 0 || c.k < 0) return absl::InvalidArgumentError("negative shape");
@@ -467,8 +470,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   if (!sizes.ok()) return sizes.status();
   const cudaStream_t st = w.stream();
 
-  // One pool allocation holds every operand that is not already resident.
-  size_t offsets[4] = {0, 0, 0, 0}, total = 0;
+  // One pool allocation holds every operand that is not already resident, and the workspace.
+  size_t offsets[5] = {0, 0, 0, 0, 0}, total = 0;
   for (int i = 0; i < 3; ++i) {
     if (!c.input_resident[i] && sizes->in[i] > 0) {
       offsets[i] = total;
@@ -479,6 +482,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
     offsets[3] = total;
     total += RoundUp(sizes->out);
   }
+  offsets[4] = total;
+  total += RoundUp(sizes->workspace);
   void* block = nullptr;
   if (absl::Status s = PoolAlloc(total, st, &block); !s.ok()) return s;
   auto at = [block](size_t off) { return static_cast<void*>(static_cast<uint8_t*>(block) + off); };
@@ -496,6 +501,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
     }
   }
   void* dev_out = c.output_resident ? c.output : (sizes->out > 0 ? at(offsets[3]) : nullptr);
+  const cuda::Workspace ws{sizes->workspace > 0 ? at(offsets[4]) : nullptr, sizes->workspace};
 
   // cuBLASLt's algorithm is chosen now, on a cache miss, rather than between
   // the copy-in and the kernel where it would count as kernel time: the
@@ -529,7 +535,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   if (e == cudaSuccess && (e = w.HoldKernelGate()) == cudaSuccess) {
     e = cudaEventRecord(w.ev_go(), st);
     if (e == cudaSuccess) {
-      status = Launch(w, c, dev_in, dev_out);
+      status = Launch(w, c, dev_in, dev_out, ws);
       if (status.ok()) e = cudaEventRecord(w.ev_kernel(), st);
     }
     w.ReleaseKernelGate();

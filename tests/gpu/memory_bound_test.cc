@@ -164,7 +164,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
   }
 
   void CheckSoftmax(int64_t rows, int64_t cols, Offsets off, const KernelChoice& k,
-                    const std::function<void(std::vector<uint8_t>&)>& edit = nullptr) {
+                    const std::function<void(std::vector<uint8_t>&)>& edit = nullptr, bool workspace = true) {
     const DType dt = GetParam();
     const size_t es = ElementSize(dt);
     const uint64_t seed = FreshSeed();
@@ -173,7 +173,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
     // The workspace the choice asks for, full of garbage (the launcher must zero what it relies on).
-    const size_t ws_bytes = cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k);
+    const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k) : 0;
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.status(), cudaSuccess);
     ASSERT_EQ(cudaMemset(ws.get(), 0x5A, ws_bytes), cudaSuccess);
@@ -181,6 +181,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard + off.in_elems * es),
                           reinterpret_cast<const void*>(kGuard + off.out_elems * es), rows, cols, k, desc,
                           sizeof desc, ws_bytes);
+    if (!workspace) std::strncat(desc, " (no workspace)", sizeof desc - std::strlen(desc) - 1);
     const std::string where = Where(dt, rows, cols, off.in_elems * es, off.out_elems * es, seed, desc);
     ASSERT_TRUE(RunOp(in, off.in_elems * es, rows * cols * es, off.out_elems * es,
                       [&](const void* i, void* o) {
@@ -240,9 +241,10 @@ struct RowShape {
 };
 
 // Shapes that reach every kernel path for each dtype (fp32 W=4, half W=8 elements per access):
-// short rows (<= 512 accesses), block per row, clusters of 2..8 in registers, clusters with
-// shared-memory staging (> 32768 accesses), a streamed remainder, and the scalar path (cols not a
-// multiple of the vector width).
+// short rows (<= 512 accesses), block per row, clusters of 2..4 in registers and with
+// shared-memory staging, rows split over 8..64 blocks (> 73728 accesses, with a workspace) or
+// clusters of 16 (without), a streamed remainder, and the scalar path (cols not a multiple of
+// the vector width).
 std::vector<RowShape> Shapes(DType dt) {
   std::vector<RowShape> s = {{1, 1},     {1, 3},      {1, 1000},   {1, 65537},   {1, 1 << 20},
                              {257, 1},   {513, 3},    {300, 1000}, {1000, 128},  {64, 2048},
@@ -286,6 +288,8 @@ TEST_P(MemoryBound, GeluInPlace) {
 TEST_P(MemoryBound, SoftmaxShapes) {
   for (const RowShape& s : Shapes(GetParam())) {
     CheckSoftmax(s.rows, s.cols, {0, 0}, KernelChoice{});
+    // Long rows take the split path given a workspace (as above), clusters without one.
+    if (s.cols >= (1 << 20)) CheckSoftmax(s.rows, s.cols, {0, 0}, KernelChoice{}, nullptr, /*workspace=*/false);
     if (s.rows * s.cols <= (1 << 20) + 8) {
       CheckSoftmax(s.rows, s.cols, {1, 1}, KernelChoice{});  // unaligned: scalar path
       CheckSoftmax(s.rows, s.cols, {0, 3}, KernelChoice{});
