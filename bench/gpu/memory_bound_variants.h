@@ -144,7 +144,7 @@ inline std::vector<Variant> Variants() {
   }
   for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{32, 256, 8}, std::array{24, 256, 8},
                          std::array{20, 256, 8}, std::array{16, 256, 8}, std::array{32, 256, 4},
-                         std::array{32, 128, 8}}) {
+                         std::array{32, 128, 8}, std::array{64, 128, 8}, std::array{64, 128, 4}}) {
     split(D::kBFloat16, b, t, u);
   }
   // ---- row sum
