@@ -134,6 +134,9 @@ inline std::vector<Variant> Variants() {
     ahead({8192, 8192}, d, cuda::KernelChoice{}, 4, "auto");
     ahead({2048, 32768}, d, cuda::KernelChoice{}, 4, "auto");
   }
+  for (D d : {D::kFloat32, D::kBFloat16}) {  // the automatic split with .cs loads / stores
+    add("softmax", {128, 1048576}, d, Choice(0, 0, 0, 0, 0, 0, 0, 1), "auto cs");
+  }
   // Run 11: fp32 best 32 x (512 t, 4 v) 3664 GB/s, bf16 best 32 x (256 t, 8 v) 3361 (2 and 4 blocks
   // per SM); 48 x (512, 4) and 64 x (512, 8) lost (2 blocks per SM, less on chip). Run 12: more
   // blocks per SM with shared memory (4 x 256 threads, 3-4 x 80-100 KiB).
@@ -144,7 +147,7 @@ inline std::vector<Variant> Variants() {
   }
   for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{32, 256, 8}, std::array{24, 256, 8},
                          std::array{20, 256, 8}, std::array{16, 256, 8}, std::array{32, 256, 4},
-                         std::array{32, 128, 8}, std::array{64, 128, 8}, std::array{64, 128, 4}}) {
+                         std::array{32, 128, 8}, std::array{40, 192, 8}, std::array{48, 160, 8}}) {
     split(D::kBFloat16, b, t, u);
   }
   // ---- row sum
