@@ -104,8 +104,6 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 8, 512, 0, 1), "c=8 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 1), "pipe c=16 v=8");
-  // Rows split over independent blocks meeting in global memory (run 11): every SM, several
-  // blocks per SM whose load and store phases need not line up, no cluster gang-scheduling.
   // e^(x - max) as (x - max) x log2(e), the form before run 12 (now one FFMA where |max| <= 32).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (const Shape& sh : RowShapes()) {
@@ -114,41 +112,29 @@ inline std::vector<Variant> Variants() {
       add("softmax", sh, d, k, "exp two-step");
     }
   }
-  auto split = [&](D d, int blocks, int threads, int vpt) {
-    const std::string label =
+  // Rows split over plain blocks meeting in the workspace (runs 11-15; the automatic choice for
+  // 128x1048576 is 32 x (256 threads, 8 accesses): fp32 with the 1/4 L2 prefetch). Alternatives
+  // that came close, and the prefetch at other distances (half: the L2 thrashes).
+  auto split = [&](D d, int blocks, int threads, int vpt, int prefetch) {
+    cuda::KernelChoice k = Choice(0, vpt, 0, threads, 0, 1, 0, 0, 0, blocks);
+    k.prefetch = prefetch;
+    std::string label =
         "split=" + std::to_string(blocks) + " t=" + std::to_string(threads) + " v=" + std::to_string(vpt);
-    add("softmax", {128, 1048576}, d, Choice(0, vpt, 0, threads, 0, 1, 0, 0, 0, blocks), label.c_str());
+    if (prefetch) label += " prefetch=" + std::to_string(std::max(0, prefetch));
+    add("softmax", {128, 1048576}, d, k, label.c_str());
   };
-  // L2 prefetch of the chunk a quarter / half / all of the resident blocks ahead (run 14).
-  auto ahead = [&](Shape sh, D d, cuda::KernelChoice k, int quarters, const std::string& what) {
-    k.prefetch = quarters;
-    add("softmax", sh, d, k, (what + " prefetch=" + std::to_string(quarters)).c_str());
-  };
-  for (int q : {1, 2, 4}) {
-    ahead({128, 1048576}, D::kFloat32, Choice(0, 8, 0, 256, 0, 1, 0, 0, 0, 32), q, "split=32 t=256 v=8");
-    ahead({128, 1048576}, D::kBFloat16, Choice(0, 8, 0, 256, 0, 1, 0, 0, 0, 32), q, "split=32 t=256 v=8");
-  }
+  split(D::kFloat32, 32, 512, 4, 0);
+  split(D::kFloat32, 32, 256, 8, -1);
+  split(D::kFloat32, 32, 256, 8, 2);
+  split(D::kFloat32, 64, 256, 8, 0);
+  split(D::kBFloat16, 16, 512, 4, 0);
+  split(D::kBFloat16, 32, 256, 4, 0);
+  split(D::kBFloat16, 32, 256, 8, 1);
+  // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1).
   for (D d : {D::kFloat32, D::kBFloat16}) {
-    ahead({128, 1048576}, d, cuda::KernelChoice{}, 4, "auto");
-    ahead({8192, 8192}, d, cuda::KernelChoice{}, 2, "auto");
-    ahead({8192, 8192}, d, cuda::KernelChoice{}, 4, "auto");
-    ahead({2048, 32768}, d, cuda::KernelChoice{}, 4, "auto");
-  }
-  for (D d : {D::kFloat32, D::kBFloat16}) {  // the automatic split with .cs loads / stores
-    add("softmax", {128, 1048576}, d, Choice(0, 0, 0, 0, 0, 0, 0, 1), "auto cs");
-  }
-  // Run 11: fp32 best 32 x (512 t, 4 v) 3664 GB/s, bf16 best 32 x (256 t, 8 v) 3361 (2 and 4 blocks
-  // per SM); 48 x (512, 4) and 64 x (512, 8) lost (2 blocks per SM, less on chip). Run 12: more
-  // blocks per SM with shared memory (4 x 256 threads, 3-4 x 80-100 KiB).
-  for (auto [b, t, u] : {std::array{32, 512, 4}, std::array{64, 256, 8}, std::array{16, 512, 4},
-                         std::array{48, 256, 8}, std::array{40, 256, 8}, std::array{32, 256, 8},
-                         std::array{40, 384, 4}}) {
-    split(D::kFloat32, b, t, u);
-  }
-  for (auto [b, t, u] : {std::array{16, 512, 4}, std::array{32, 256, 8}, std::array{24, 256, 8},
-                         std::array{20, 256, 8}, std::array{16, 256, 8}, std::array{32, 256, 4},
-                         std::array{32, 128, 8}, std::array{40, 192, 8}, std::array{48, 160, 8}}) {
-    split(D::kBFloat16, b, t, u);
+    cuda::KernelChoice k;
+    k.prefetch = 2;
+    add("softmax", {8192, 8192}, d, k, "auto prefetch=2");
   }
   // ---- row sum
   for (D d : {D::kFloat32, D::kBFloat16}) {
