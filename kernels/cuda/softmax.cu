@@ -217,6 +217,157 @@ struct Split {
   uint32_t timeout_ns = 0;
 };
 
+// Split path, one row's blocks. Publish (thread 0): this block's pair, then the count.
+__device__ __forceinline__ void SplitPublish(const Split& sp, int64_t row, int rank, MaxSum tot) {
+  __stcg(&sp.part[row * sp.blocks + rank], make_float2(tot.m, tot.s));
+  AddRelease(&sp.count[row], 1u);
+}
+// Combine (the whole block): thread 0 waits for the row's count, warp 0 combines the pairs; after
+// the timeout the block reads the whole row instead. `slot` and `flag` are the block's shared
+// scratch (free again when this returns).
+template <typename T, int W>
+__device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int nacc, MaxSum* scratch,
+                               MaxSum* slot, int* flag) {
+  const int t = threadIdx.x;
+  const unsigned need = static_cast<unsigned>(sp.blocks);
+  if (t == 0) {
+    const uint64_t t0 = GlobalTimerNs();
+    bool ok = LoadAcquireGpu(&sp.count[row]) >= need;
+    while (!ok && GlobalTimerNs() - t0 < sp.timeout_ns) {
+      __nanosleep(256);
+      ok = LoadAcquireGpu(&sp.count[row]) >= need;
+    }
+    *flag = ok;
+  }
+  __syncthreads();
+  if (*flag) {
+    if (t < 32) {
+      MaxSum r{-INFINITY, 0.f};
+      for (int i = t; i < sp.blocks; i += 32) {
+        const float2 x = __ldcg(&sp.part[row * sp.blocks + i]);
+        r = Combine(r, MaxSum{x.x, x.y});
+      }
+      r = WarpReduce(r);
+      if (t == 0) *slot = r;
+    }
+    __syncthreads();
+    return *slot;
+  }
+  using R = typename Pack<T, W>::Raw;  // the whole row, read from global memory by this block
+  const R* whole = reinterpret_cast<const R*>(in) + row * nacc;
+  MaxSum w{-INFINITY, 0.f};
+  for (int a = t; a < nacc; a += blockDim.x) AccumulateOnline<T, W>(LoadKeep(whole + a), w);
+  return BlockReduce(w, scratch);
+}
+
+// One block's chunk of one row: n accesses at src (out: dst), the first nreg in registers (VPT per
+// thread), the next nsm in shared memory at sm (bulk copies of kBulkPiece, one mbarrier each in
+// bars), the rest streamed from global memory (read again for the output).
+template <typename T, int W, int VPT>
+struct ChunkPart {
+  using R = typename Pack<T, W>::Raw;
+  const R* src;
+  R* dst;
+  int n, nreg, nsm;
+  const R* sm;
+  uint64_t* bars;
+  R v[VPT];
+
+  __device__ __forceinline__ ChunkPart(const R* src_, R* dst_, int n_, int smem_acc, uint4* smem, uint64_t* bars_)
+      : src(src_), dst(dst_), n(n_), sm(reinterpret_cast<const R*>(smem)), bars(bars_) {
+    nreg = min(n, static_cast<int>(blockDim.x) * VPT);
+    nsm = min(n - nreg, smem_acc);
+  }
+  // Issues the register loads (every thread) and the bulk copies (thread 0; the caller syncs
+  // before anyone waits on the mbarriers).
+  __device__ __forceinline__ void Issue(bool cs) {
+    const int t = threadIdx.x, nt = blockDim.x;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int a = t + j * nt;
+      if (a < nreg) v[j] = LoadHint(cs, src + a);
+    }
+    if constexpr (Pack<T, W>::kVec) {
+      if (nsm > 0 && t == 0) {
+        const uint32_t bytes = static_cast<uint32_t>(nsm) * 16u;
+        const char* g = reinterpret_cast<const char*>(src + nreg);
+        char* d = const_cast<char*>(reinterpret_cast<const char*>(sm));
+        for (uint32_t off = 0, piece = 0; off < bytes; off += kBulkPiece, ++piece) {
+          const uint32_t b = min(kBulkPiece, bytes - off);
+          MbarInit(&bars[piece], 1);
+          MbarArriveExpectTx(&bars[piece], b);
+          BulkLoad(d + off, g + off, b, &bars[piece]);
+        }
+      }
+    }
+  }
+  // This thread's (max, sum): the streamed remainder, the registers, then each shared-memory piece
+  // as soon as it lands, so the exp work runs under the remaining loads.
+  __device__ __forceinline__ MaxSum Reduce(bool fma) const {
+    const int t = threadIdx.x, nt = blockDim.x;
+    MaxSum st{-INFINITY, 0.f};
+    int a = nreg + nsm + t;
+    for (; a + 3 * nt < n; a += 4 * nt) {
+      R x[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
+    }
+    for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
+    float m = st.m;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      if (t + j * nt < nreg) m = fmaxf(m, MaxOf<T, W>(v[j]));
+    }
+    float s = Rescale(st.s, st.m, m);
+    WithExp(m, fma, [&](const auto& ex) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
+      }
+    });
+    if constexpr (Pack<T, W>::kVec) {
+      constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
+      for (int p0 = 0, piece = 0; p0 < nsm; p0 += kPiece, ++piece) {
+        const int p1 = min(nsm, p0 + kPiece);
+        MbarWait(&bars[piece], 0);
+        float pm = m;
+        for (int b = p0 + t; b < p1; b += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[b]));
+        s = Rescale(s, m, pm);
+        m = pm;
+        WithExp(m, fma, [&](const auto& ex) {
+          for (int b = p0 + t; b < p1; b += nt) AccumulateSum<T, W>(sm[b], ex, s);
+        });
+      }
+    }
+    return {m, s};
+  }
+  // The output e^(x - max) / sum of the whole chunk, given the row's (max, sum).
+  __device__ __forceinline__ void Write(MaxSum tot, bool fma, bool cs) const {
+    const int t = threadIdx.x, nt = blockDim.x;
+    WithOut(tot.m, tot.s, fma, [&](const auto& ex) {
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const int a = t + j * nt;
+        if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
+      }
+      if constexpr (Pack<T, W>::kVec) {
+        for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
+      }
+      int a = nreg + nsm + t;
+      for (; a + 3 * nt < n; a += 4 * nt) {
+        R x[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex));
+      }
+      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex));
+    });
+  }
+};
+
 // grid.x = rows * csize (rows * sp.blocks when split); cluster (csize, 1, 1) when csize > 1.
 // smem_acc: accesses of the chunk held in dynamic shared memory (vector path only).
 template <typename T, int W, int VPT>
@@ -235,34 +386,13 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   const int rank = split ? static_cast<int>(blockIdx.x % per_row) : csize > 1 ? static_cast<int>(ClusterRank()) : 0;
   const int64_t row = blockIdx.x / per_row;
   const int a0 = rank * chunk;
-  const int n = max(0, min(nacc - a0, chunk));
-  const R* src = reinterpret_cast<const R*>(in) + row * nacc + a0;
-  R* dst = reinterpret_cast<R*>(out) + row * nacc + a0;
-  const int t = threadIdx.x, nt = blockDim.x;
-  const int nreg = min(n, nt * VPT);
-  const int nsm = min(n - nreg, smem_acc);
-  const int nstart = nreg + nsm;  // first streamed access
-  const R* sm = reinterpret_cast<const R*>(row_smem);
+  const int t = threadIdx.x;
+  ChunkPart<T, W, VPT> part(reinterpret_cast<const R*>(in) + row * nacc + a0, reinterpret_cast<R*>(out) + row * nacc + a0,
+                            max(0, min(nacc - a0, chunk)), smem_acc, row_smem, bars);
 
-  // 1. Issue every load: registers, the bulk copy into shared memory, then stream the rest.
-  R v[VPT];
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int a = t + j * nt;
-    if (a < nreg) v[j] = LoadHint(cs, src + a);
-  }
+  // 1. Issue every load: registers, the bulk copy into shared memory (the rest is streamed).
+  part.Issue(cs);
   if constexpr (Pack<T, W>::kVec) {
-    if (nsm > 0 && t == 0) {
-      const uint32_t bytes = static_cast<uint32_t>(nsm) * 16u;
-      const char* g = reinterpret_cast<const char*>(src + nreg);
-      char* d = reinterpret_cast<char*>(row_smem);
-      for (uint32_t off = 0, piece = 0; off < bytes; off += kBulkPiece, ++piece) {
-        const uint32_t b = min(kBulkPiece, bytes - off);
-        MbarInit(&bars[piece], 1);
-        MbarArriveExpectTx(&bars[piece], b);
-        BulkLoad(d + off, g + off, b, &bars[piece]);
-      }
-    }
     // The chunk of block blockIdx.x + ahead into L2: DRAM reads keep going while the blocks
     // on chip reduce, wait for their row-mates and store (that block then loads from L2).
     if (ahead > 0 && t == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
@@ -275,50 +405,11 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     }
     __syncthreads();  // the mbarriers are initialised before anyone waits on them
   }
-  MaxSum st{-INFINITY, 0.f};
-  {
-    int a = nstart + t;
-    for (; a + 3 * nt < n; a += 4 * nt) {
-      R x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
-    }
-    for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
-  }
 
-  // 2. This thread's (max, sum) over everything it holds: the registers, then each shared-memory
-  // piece as soon as it lands, so the exp work runs under the remaining loads.
-  float m = st.m;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    if (t + j * nt < nreg) m = fmaxf(m, MaxOf<T, W>(v[j]));
-  }
-  float s = Rescale(st.s, st.m, m);
-  WithExp(m, fma, [&](const auto& ex) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
-    }
-  });
-  if constexpr (Pack<T, W>::kVec) {
-    constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
-    for (int p0 = 0, piece = 0; p0 < nsm; p0 += kPiece, ++piece) {
-      const int p1 = min(nsm, p0 + kPiece);
-      MbarWait(&bars[piece], 0);
-      float pm = m;
-      for (int a = p0 + t; a < p1; a += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[a]));
-      s = Rescale(s, m, pm);
-      m = pm;
-      WithExp(m, fma, [&](const auto& ex) {
-        for (int a = p0 + t; a < p1; a += nt) AccumulateSum<T, W>(sm[a], ex, s);
-      });
-    }
-  }
+  // 2. This thread's (max, sum), then the block's.
+  MaxSum tot = BlockReduce(part.Reduce(fma), scratch);
 
-  // 3. Block, then cluster.
-  MaxSum tot = BlockReduce(MaxSum{m, s}, scratch);
+  // 3. The row's: the cluster's, or the split row's.
   if (csize > 1) {
     if (t == 0) block_result = tot;
     ClusterArrive();
@@ -336,59 +427,55 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     __syncthreads();
     tot = cluster_result;
   } else if (split) {
-    if (t == 0) {
-      __stcg(&sp.part[row * per_row + rank], make_float2(tot.m, tot.s));
-      AddRelease(&sp.count[row], 1u);
-      const uint64_t t0 = GlobalTimerNs();
-      bool ok = LoadAcquireGpu(&sp.count[row]) >= static_cast<unsigned>(per_row);
-      while (!ok && GlobalTimerNs() - t0 < sp.timeout_ns) {
-        __nanosleep(256);
-        ok = LoadAcquireGpu(&sp.count[row]) >= static_cast<unsigned>(per_row);
-      }
-      all_arrived = ok;
-    }
-    __syncthreads();
-    if (all_arrived) {
-      if (t < 32) {
-        MaxSum r{-INFINITY, 0.f};
-        for (int i = t; i < per_row; i += 32) {
-          const float2 x = __ldcg(&sp.part[row * per_row + i]);
-          r = Combine(r, MaxSum{x.x, x.y});
-        }
-        r = WarpReduce(r);
-        if (t == 0) cluster_result = r;
-      }
-      __syncthreads();
-      tot = cluster_result;
-    } else {  // the whole row, read from global memory by this block
-      const R* whole = reinterpret_cast<const R*>(in) + row * nacc;
-      MaxSum w{-INFINITY, 0.f};
-      for (int a = t; a < nacc; a += nt) AccumulateOnline<T, W>(LoadKeep(whole + a), w);
-      tot = BlockReduce(w, scratch);
-    }
+    if (t == 0) SplitPublish(sp, row, rank, tot);
+    tot = SplitCombine<T, W>(sp, row, in, nacc, scratch, &cluster_result, &all_arrived);
   }
 
   // 4. Output pass.
-  WithOut(tot.m, tot.s, fma, [&](const auto& ex) {
-#pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const int a = t + j * nt;
-      if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
-    }
-    if constexpr (Pack<T, W>::kVec) {
-      for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
-    }
-    int a = nstart + t;
-    for (; a + 3 * nt < n; a += 4 * nt) {
-      R x[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex));
-    }
-    for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex));
-  });
+  part.Write(tot, fma, cs);
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
+}
+
+// Split rows two at a time (opt-in, KernelChoice::split_pair): block b holds chunk b % blocks of
+// rows 2q and 2q + 1 (q = b / blocks), VPT accesses per thread each, and half its shared memory
+// each. Both are reduced and published before it waits for either row's count, so one row's
+// wait overlaps the other's reduction, and the second wait the first row's output.
+template <typename T, int VPT>
+__global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPairKernel(const T* in, T* out, int64_t rows, int nacc,
+                                                                      int chunk, int smem_acc, bool cs, bool fma,
+                                                                      Split sp) {
+  constexpr int W = 16 / sizeof(T);
+  using R = uint4;
+  constexpr int kHalfPieces = kBigSmemBytes / 2 / kBulkPiece + 1;
+  extern __shared__ __align__(128) uint4 row_smem[];
+  __shared__ MaxSum scratch[33];
+  __shared__ MaxSum slot;
+  __shared__ __align__(8) uint64_t bars[2][kHalfPieces];
+  __shared__ int all_arrived;
+
+  const int rank = static_cast<int>(blockIdx.x % sp.blocks);
+  const int64_t row0 = 2 * (blockIdx.x / sp.blocks);
+  const bool second = row0 + 1 < rows;  // the same for the whole block
+  const int a0 = rank * chunk;
+  const int n = max(0, min(nacc - a0, chunk));
+  const int64_t row1 = second ? row0 + 1 : row0;
+  ChunkPart<T, W, VPT> p0(reinterpret_cast<const R*>(in) + row0 * nacc + a0, reinterpret_cast<R*>(out) + row0 * nacc + a0,
+                          n, smem_acc, row_smem, bars[0]);
+  ChunkPart<T, W, VPT> p1(reinterpret_cast<const R*>(in) + row1 * nacc + a0, reinterpret_cast<R*>(out) + row1 * nacc + a0,
+                          second ? n : 0, smem_acc, row_smem + smem_acc, bars[1]);
+  p0.Issue(cs);
+  p1.Issue(cs);
+  __syncthreads();  // the mbarriers are initialised before anyone waits on them
+  MaxSum tot0 = BlockReduce(p0.Reduce(fma), scratch);
+  if (threadIdx.x == 0) SplitPublish(sp, row0, rank, tot0);
+  MaxSum tot1 = BlockReduce(p1.Reduce(fma), scratch);
+  if (threadIdx.x == 0 && second) SplitPublish(sp, row1, rank, tot1);
+  tot0 = SplitCombine<T, W>(sp, row0, in, nacc, scratch, &slot, &all_arrived);
+  p0.Write(tot0, fma, cs);
+  if (second) {
+    tot1 = SplitCombine<T, W>(sp, row1, in, nacc, scratch, &slot, &all_arrived);
+    p1.Write(tot1, fma, cs);
+  }
 }
 
 // ------------------------------------------------------------------------------ long rows, pipelined
@@ -555,7 +642,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 }
 
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kChunk, kPipe };
+enum class Kind { kRows, kChunk, kPipe, kPair };
 struct Plan {
   bool vec = false;
   Kind kind = Kind::kRows;
@@ -668,6 +755,11 @@ const void* ChunkKernelPtr(int vpt) {
   }
 }
 template <typename T>
+const void* PairKernelPtr(int vpt) {
+  return vpt == 4 ? reinterpret_cast<const void*>(SoftmaxPairKernel<T, 4>)
+                  : reinterpret_cast<const void*>(SoftmaxPairKernel<T, 2>);
+}
+template <typename T>
 const void* PipeKernelPtr(int vpt) {
   return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 8>)
                   : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
@@ -752,7 +844,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                                                        : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
-  const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
+  // Two rows per block (opt-in): vector path, split rows, vpt 2 or 4 per row.
+  const bool pair = k.split_pair > 0;
+  if (pair && (!p->vec || split < 2 || (vpt != 2 && vpt != 4))) return cudaErrorInvalidValue;
+  const void* kernel = pipe   ? PipeKernelPtr<T>(vpt)
+                       : pair ? PairKernelPtr<T>(vpt)
+                       : p->vec ? ChunkKernelPtr<T, W>(vpt)
+                                : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
   const int auto_c = need_c >= 8 ? max_c : need_c;  // from 8 up, the largest the device runs
   int csize, threads, smem_acc = 0;
@@ -770,16 +868,17 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const int64_t chunk = CeilDiv(nacc, csize * split);
   const int64_t rest = std::max<int64_t>(0, chunk - static_cast<int64_t>(threads) * vpt);
   if (p->vec) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
-    const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, kBigSmemBytes) / 16
+    const int most = pair ? kBigSmemBytes / 2 : kBigSmemBytes;  // pair: per row
+    const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, most) / 16
                       : k.smem_bytes < 0 ? 0
-                                         : kBigSmemBytes / 16;
+                                         : most / 16;
     smem_acc = static_cast<int>(std::min<int64_t>(rest, limit));
   }
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
-  p->kind = pipe ? Kind::kPipe : Kind::kChunk;
+  p->kind = pipe ? Kind::kPipe : pair ? Kind::kPair : Kind::kChunk;
   p->split = split;
   const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split && sizeof(T) == 4 ? 1 : 0;
-  if (prefetch > 0 && p->vec && !pipe) {  // quarters of the blocks resident at once
+  if (prefetch > 0 && p->vec && !pipe && !pair) {  // quarters of the blocks resident at once
     p->ahead = static_cast<int>(
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
@@ -812,19 +911,32 @@ cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s,
   return cfg;
 }
 
+// The split path's arguments in the workspace, its counters zeroed on the stream.
+cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Split* sp) {
+  if (p.split <= 1) return cudaSuccess;
+  sp->blocks = p.split;
+  sp->count = static_cast<unsigned*>(ws);
+  sp->part = reinterpret_cast<float2*>(static_cast<char*>(ws) + CountBytes(rows));
+  sp->timeout_ns = p.split_wait_ns;
+  return cudaMemsetAsync(sp->count, 0, static_cast<size_t>(rows) * 4, s);
+}
+
+template <typename T, int VPT>
+cudaError_t LaunchPair(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
+  Split sp;
+  if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
+  const unsigned grid = static_cast<unsigned>(CeilDiv(rows, 2) * p.split);
+  SoftmaxPairKernel<T, VPT><<<grid, p.threads, 2 * p.smem_acc * 16, s>>>(
+      static_cast<const T*>(in), static_cast<T*>(out), rows, p.nacc, p.chunk, p.smem_acc, p.cs, p.fma, sp);
+  return cudaGetLastError();
+}
+
 template <typename T, int W, int VPT>
 cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize * p.split), s, attr);
   Split sp;
-  if (p.split > 1) {
-    sp.blocks = p.split;
-    sp.count = static_cast<unsigned*>(ws);
-    sp.part = reinterpret_cast<float2*>(static_cast<char*>(ws) + CountBytes(rows));
-    sp.timeout_ns = p.split_wait_ns;
-    const cudaError_t z = cudaMemsetAsync(sp.count, 0, static_cast<size_t>(rows) * 4, s);
-    if (z != cudaSuccess) return z;
-  }
+  if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
                                            static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
   if (e != cudaSuccess) return e;
@@ -873,6 +985,9 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
   if constexpr (W > 1) {
     if (p.kind == Kind::kPipe) {
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
+    }
+    if (p.kind == Kind::kPair) {
+      return p.vpt == 4 ? LaunchPair<T, 4>(p, in, out, rows, ws, s) : LaunchPair<T, 2>(p, in, out, rows, ws, s);
     }
   }
   switch (p.vpt) {
@@ -963,7 +1078,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
-                  p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
+                  p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kPair ? "pair" : "chunk", p.vec ? "vec" : "scalar",
+                  p.csize, p.threads, p.vpt,
                   p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
