@@ -24,7 +24,7 @@ ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), 
 forced kernel choice of ours to that case, timed in the same interleaved rounds as
 "ours:key=v,...". Keys are
 KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch, split_pair). Variants are checked against eager like ours.
+long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch). Variants are checked against eager like ours.
 
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
                              [--only CASE ...] [--variant CASE:key=v,... ...]
@@ -51,7 +51,7 @@ CAPI_NAME = "libfusebox_memory_bound_capi.so"
 PROFILE_TIMED = os.environ.get("FUSEBOX_PROFILE_TIMED") == "1"  # profiler on around the timed rounds only
 CHOICE_KEYS = ["threads_per_row", "vectors_per_thread", "cluster", "threads", "smem_bytes", "long_rows",
                "pipeline", "streaming", "exp_once", "split",
-               "split_wait_us", "exp_fma", "prefetch", "split_pair"]  # KernelChoice order (memory_bound_capi.cc)
+               "split_wait_us", "exp_fma", "prefetch"]  # KernelChoice order (memory_bound_capi.cc)
 
 # ----------------------------------------------------------------------------- Triton kernels
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)

@@ -130,14 +130,6 @@ inline std::vector<Variant> Variants() {
   split(D::kBFloat16, 16, 512, 4, 0);
   split(D::kBFloat16, 32, 256, 4, 0);
   split(D::kBFloat16, 32, 256, 8, 1);
-  // Two rows per block, each reduced and published before either wait (run 16).
-  for (auto [d, b, t, u] : {std::array{0, 64, 256, 2}, std::array{0, 64, 256, 4}, std::array{1, 64, 256, 4},
-                            std::array{1, 64, 256, 2}}) {
-    cuda::KernelChoice k = Choice(0, u, 0, t, 0, 1, 0, 0, 0, b);
-    k.split_pair = 1;
-    add("softmax", {128, 1048576}, d ? D::kFloat32 : D::kBFloat16, k,
-        ("pair split=" + std::to_string(b) + " t=" + std::to_string(t) + " v=" + std::to_string(u)).c_str());
-  }
   // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     cuda::KernelChoice k;

@@ -69,8 +69,6 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
 //                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
 //                     0 = automatic: 1 for 4-byte types on the split path; -1 = none)
-//   split_pair        split softmax: 1 = each block holds its chunk of two rows (vector path,
-//                     vectors_per_thread 2 or 4 per row), reducing both before it waits
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it
@@ -89,7 +87,6 @@ struct KernelChoice {
   int split_wait_us = 0;
   int exp_fma = 0;
   int prefetch = 0;
-  int split_pair = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

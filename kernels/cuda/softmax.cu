@@ -436,48 +436,6 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
 
-// Split rows two at a time (opt-in, KernelChoice::split_pair): block b holds chunk b % blocks of
-// rows 2q and 2q + 1 (q = b / blocks), VPT accesses per thread each, and half its shared memory
-// each. Both are reduced and published before it waits for either row's count, so one row's
-// wait overlaps the other's reduction, and the second wait the first row's output.
-template <typename T, int VPT>
-__global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPairKernel(const T* in, T* out, int64_t rows, int nacc,
-                                                                      int chunk, int smem_acc, bool cs, bool fma,
-                                                                      Split sp) {
-  constexpr int W = 16 / sizeof(T);
-  using R = uint4;
-  constexpr int kHalfPieces = kBigSmemBytes / 2 / kBulkPiece + 1;
-  extern __shared__ __align__(128) uint4 row_smem[];
-  __shared__ MaxSum scratch[33];
-  __shared__ MaxSum slot;
-  __shared__ __align__(8) uint64_t bars[2][kHalfPieces];
-  __shared__ int all_arrived;
-
-  const int rank = static_cast<int>(blockIdx.x % sp.blocks);
-  const int64_t row0 = 2 * (blockIdx.x / sp.blocks);
-  const bool second = row0 + 1 < rows;  // the same for the whole block
-  const int a0 = rank * chunk;
-  const int n = max(0, min(nacc - a0, chunk));
-  const int64_t row1 = second ? row0 + 1 : row0;
-  ChunkPart<T, W, VPT> p0(reinterpret_cast<const R*>(in) + row0 * nacc + a0, reinterpret_cast<R*>(out) + row0 * nacc + a0,
-                          n, smem_acc, row_smem, bars[0]);
-  ChunkPart<T, W, VPT> p1(reinterpret_cast<const R*>(in) + row1 * nacc + a0, reinterpret_cast<R*>(out) + row1 * nacc + a0,
-                          second ? n : 0, smem_acc, row_smem + smem_acc, bars[1]);
-  p0.Issue(cs);
-  p1.Issue(cs);
-  __syncthreads();  // the mbarriers are initialised before anyone waits on them
-  MaxSum tot0 = BlockReduce(p0.Reduce(fma), scratch);
-  if (threadIdx.x == 0) SplitPublish(sp, row0, rank, tot0);
-  MaxSum tot1 = BlockReduce(p1.Reduce(fma), scratch);
-  if (threadIdx.x == 0 && second) SplitPublish(sp, row1, rank, tot1);
-  tot0 = SplitCombine<T, W>(sp, row0, in, nacc, scratch, &slot, &all_arrived);
-  p0.Write(tot0, fma, cs);
-  if (second) {
-    tot1 = SplitCombine<T, W>(sp, row1, in, nacc, scratch, &slot, &all_arrived);
-    p1.Write(tot1, fma, cs);
-  }
-}
-
 // ------------------------------------------------------------------------------ long rows, pipelined
 // Persistent version for rows that need shared memory: grid = nclusters * csize (as many clusters
 // as the device holds at once); cluster c handles rows c, c + nclusters, ... Per block, the part of
@@ -642,7 +600,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 }
 
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kChunk, kPipe, kPair };
+enum class Kind { kRows, kChunk, kPipe };
 struct Plan {
   bool vec = false;
   Kind kind = Kind::kRows;
@@ -755,11 +713,6 @@ const void* ChunkKernelPtr(int vpt) {
   }
 }
 template <typename T>
-const void* PairKernelPtr(int vpt) {
-  return vpt == 4 ? reinterpret_cast<const void*>(SoftmaxPairKernel<T, 4>)
-                  : reinterpret_cast<const void*>(SoftmaxPairKernel<T, 2>);
-}
-template <typename T>
 const void* PipeKernelPtr(int vpt) {
   return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 8>)
                   : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
@@ -844,13 +797,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                                                        : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
-  // Two rows per block (opt-in): vector path, split rows, vpt 2 or 4 per row.
-  const bool pair = k.split_pair > 0;
-  if (pair && (!p->vec || split < 2 || (vpt != 2 && vpt != 4))) return cudaErrorInvalidValue;
-  const void* kernel = pipe   ? PipeKernelPtr<T>(vpt)
-                       : pair ? PairKernelPtr<T>(vpt)
-                       : p->vec ? ChunkKernelPtr<T, W>(vpt)
-                                : ChunkKernelPtr<T, 1>(vpt);
+  const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
   const int auto_c = need_c >= 8 ? max_c : need_c;  // from 8 up, the largest the device runs
   int csize, threads, smem_acc = 0;
@@ -868,17 +815,16 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const int64_t chunk = CeilDiv(nacc, csize * split);
   const int64_t rest = std::max<int64_t>(0, chunk - static_cast<int64_t>(threads) * vpt);
   if (p->vec) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
-    const int most = pair ? kBigSmemBytes / 2 : kBigSmemBytes;  // pair: per row
-    const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, most) / 16
+    const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, kBigSmemBytes) / 16
                       : k.smem_bytes < 0 ? 0
-                                         : most / 16;
+                                         : kBigSmemBytes / 16;
     smem_acc = static_cast<int>(std::min<int64_t>(rest, limit));
   }
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
-  p->kind = pipe ? Kind::kPipe : pair ? Kind::kPair : Kind::kChunk;
+  p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
   const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split && sizeof(T) == 4 ? 1 : 0;
-  if (prefetch > 0 && p->vec && !pipe && !pair) {  // quarters of the blocks resident at once
+  if (prefetch > 0 && p->vec && !pipe) {  // quarters of the blocks resident at once
     p->ahead = static_cast<int>(
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
@@ -919,16 +865,6 @@ cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Sp
   sp->part = reinterpret_cast<float2*>(static_cast<char*>(ws) + CountBytes(rows));
   sp->timeout_ns = p.split_wait_ns;
   return cudaMemsetAsync(sp->count, 0, static_cast<size_t>(rows) * 4, s);
-}
-
-template <typename T, int VPT>
-cudaError_t LaunchPair(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
-  Split sp;
-  if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
-  const unsigned grid = static_cast<unsigned>(CeilDiv(rows, 2) * p.split);
-  SoftmaxPairKernel<T, VPT><<<grid, p.threads, 2 * p.smem_acc * 16, s>>>(
-      static_cast<const T*>(in), static_cast<T*>(out), rows, p.nacc, p.chunk, p.smem_acc, p.cs, p.fma, sp);
-  return cudaGetLastError();
 }
 
 template <typename T, int W, int VPT>
@@ -985,9 +921,6 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
   if constexpr (W > 1) {
     if (p.kind == Kind::kPipe) {
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
-    }
-    if (p.kind == Kind::kPair) {
-      return p.vpt == 4 ? LaunchPair<T, 4>(p, in, out, rows, ws, s) : LaunchPair<T, 2>(p, in, out, rows, ws, s);
     }
   }
   switch (p.vpt) {
@@ -1078,8 +1011,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
-                  p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kPair ? "pair" : "chunk", p.vec ? "vec" : "scalar",
-                  p.csize, p.threads, p.vpt,
+                  p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
                   p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }

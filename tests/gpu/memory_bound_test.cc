@@ -366,29 +366,6 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
   CheckSoftmax(6, mega, {0, 0}, k, edit);
   k.split_wait_us = -1;
   CheckSoftmax(6, mega, {0, 0}, k, edit);
-  // Two rows per block: an odd row count (the last block has one), shared memory, a streamed
-  // remainder, special rows, blocks that do not wait; the scalar path refuses it.
-  for (int wait : {0, -1}) {
-    KernelChoice kp = bench::Choice(0, 4, 0, 256, 0, 1);
-    kp.split = 16;
-    kp.split_pair = 1;
-    kp.split_wait_us = wait;
-    CheckSoftmax(7, mega, {0, 0}, kp);
-    CheckSoftmax(6, mega, {0, 0}, kp, edit);
-    kp.vectors_per_thread = 2;
-    kp.smem_bytes = 16384;
-    kp.split = 4;
-    CheckSoftmax(5, mega + 8, {0, 0}, kp);  // streamed remainder
-    CheckSoftmax(301, 8192, {0, 0}, kp);
-  }
-  {
-    KernelChoice kp = bench::Choice(0, 4, 0, 256, 0, 1);
-    kp.split = 4;
-    kp.split_pair = 1;
-    DeviceBuffer w(cuda::SoftmaxWorkspaceBytes(dt, 2, 8193, kp) + 16);
-    EXPECT_EQ(cuda::LaunchSoftmaxWith(kp, dt, w.get(), w.get(), 2, 8193, nullptr, {w.get(), w.bytes()}),
-              cudaErrorInvalidValue);  // 8193 columns: scalar path
-  }
   // L2 prefetch of a later block's chunk (split, block per row, cluster): the same results.
   for (int q : {1, 8}) {
     KernelChoice kp = bench::Choice(0, 8, 0, 256, 0, 1);
