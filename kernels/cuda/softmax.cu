@@ -260,6 +260,23 @@ __device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int na
   return BlockReduce(w, scratch);
 }
 
+// Output of the accesses a, a + blockDim.x, ... < n read from global memory (the part of a chunk
+// that is not held on chip), four loads in flight.
+template <typename T, int W, typename O>
+__device__ __forceinline__ void WriteStreamed(const typename Pack<T, W>::Raw* src, typename Pack<T, W>::Raw* dst,
+                                              int a, int n, const O& op, bool cs) {
+  using R = typename Pack<T, W>::Raw;
+  const int nt = blockDim.x;
+  for (; a + 3 * nt < n; a += 4 * nt) {
+    R x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], op));
+  }
+  for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), op));
+}
+
 // One block's chunk of one row: n accesses at src (out: dst), the first nreg in registers (VPT per
 // thread), the next nsm in shared memory at sm (bulk copies of kBulkPiece, one mbarrier each in
 // bars), the rest streamed from global memory (read again for the output).
@@ -355,15 +372,7 @@ struct ChunkPart {
       if constexpr (Pack<T, W>::kVec) {
         for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
       }
-      int a = nreg + nsm + t;
-      for (; a + 3 * nt < n; a += 4 * nt) {
-        R x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], ex));
-      }
-      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), ex));
+      WriteStreamed<T, W>(src, dst, nreg + nsm + t, n, ex, cs);
     });
   }
 };
@@ -571,17 +580,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
         issue_piece(nsrc, p);
       }
     }
-    {
-      int a = nstart + t;
-      for (; a + 3 * nt < n; a += 4 * nt) {
-        R x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadHint(cs, src + a + u * nt);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], M));
-      }
-      for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), M));
-    }
+    WriteStreamed<T, W>(src, dst, nstart + t, n, M, cs);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       if (t + j * nt < nreg) StoreHint(cs, dst + t + j * nt, Output<T, W>(v[j], M));
