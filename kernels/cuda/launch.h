@@ -64,8 +64,9 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //                     (rows that would take a cluster of 8+, when the workspace suffices)
 //   split_wait_us     split: how long a block waits for its row-mates before reading the row
 //                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
-//   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32 (adds <= 2e-6
-//                     relative error), -1 = always (x - max) x log2(e) (two instructions)
+//   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32, 1/sum folded
+//                     into the output's exponent (adds a few 1e-6 relative error at most), -1 =
+//                     always (x - max) x log2(e) and a multiply by 1/sum
 //   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
 //                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
 //                     0 = automatic: 1 for 4-byte types on the split path; -1 = none)

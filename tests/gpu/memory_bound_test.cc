@@ -1,7 +1,8 @@
 // GPU tests of the memory-bound kernels (kernels/cuda/launch.h): GeLU, softmax and row sum for
 // float32, float16 and bfloat16 against the fp64 oracle (tests/reference.h) on fresh random
 // inputs (the seed is printed on failure). Covers every kernel path: short rows, block per row,
-// clusters, shared-memory staging, the streamed remainder of very long rows, the scalar path for
+// clusters, rows split over blocks meeting in a workspace (given garbage, as a pool would), shared-
+// memory staging, the streamed remainder of very long rows, the scalar path for
 // unaligned rows and pointers, special values (-inf, +inf, NaN, huge), more than 2^31 elements,
 // and every variant the benchmark times. Each output buffer is poisoned (0xFF = NaN) before the
 // launch, and the bytes around it and the input must be unchanged afterwards.
