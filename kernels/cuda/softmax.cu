@@ -725,6 +725,24 @@ size_t SplitBytes(int64_t rows, int split) {
 
 int RoundUp32(int64_t x) { return static_cast<int>(std::max<int64_t>(32, CeilDiv(x, 32) * 32)); }
 
+// Accesses one long-row block holds on chip: 512 threads x 8 in registers + 224 KiB of shared
+// memory (vector path) = 18432.
+int64_t BlockCap(bool vec) { return static_cast<int64_t>(kChunkMaxThreads) * 8 + (vec ? kBigSmemBytes / 16 : 0); }
+
+// Blocks per row the split path wants (1 = none): as forced, or, automatically, for vector rows
+// that need 8 or more on-chip blocks, rather than a cluster of 16, which only 7 at a time fit on
+// the H200 (112 SMs): 128 KiB per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM).
+// 128x1048576: fp32 +14%, bf16 +11% (NOTES.md runs 11-14). Arithmetic only: the workspace query
+// (SoftmaxWorkspaceBytes, on the server's sizing path) uses it without touching the device.
+template <typename T>
+int SplitWanted(const KernelChoice& k, int nacc, bool vec) {
+  if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) return 1;  // short-row kernel
+  if (k.split != 0) return std::max(1, k.split);
+  if (k.cluster != 0 || k.pipeline > 0 || !vec) return 1;
+  if (Pow2Ceil(CeilDiv(nacc, BlockCap(vec))) < 8) return 1;
+  return static_cast<int>(std::min<int64_t>(kMaxSplit, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096)));
+}
+
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int64_t rows, int64_t cols,
@@ -768,24 +786,14 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     return cudaErrorInvalidValue;
   }
   const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
-  // Blocks of 512 threads x 8 accesses in registers + 224 KiB of shared memory (18432 accesses)
-  // that hold the row on chip.
-  const int64_t cap = static_cast<int64_t>(kChunkMaxThreads) * 8 + (p->vec ? kBigSmemBytes / 16 : 0);
-  const int need_c = Pow2Ceil(CeilDiv(nacc, cap));
-  // Rows that need 8 or more: split over plain blocks that meet in the workspace (when the caller
-  // gives it) rather than a cluster of 16, which only 7 at a time fit on the H200 (112 SMs): 128 KiB
-  // per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM), 256 threads x 8 accesses
-  // in registers and the rest in shared memory; 4-byte types also prefetch into L2 the chunk a
-  // quarter of the resident blocks ahead. 128x1048576: fp32 +14%, bf16 +11% (NOTES.md runs 11-14).
-  int split = std::max(1, k.split);
-  bool auto_split = false;
-  if (k.split == 0 && k.cluster == 0 && !pipe && p->vec && need_c >= 8) {
-    const int want = static_cast<int>(std::min<int64_t>(kMaxSplit, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096)));
-    if (SplitBytes(rows, want) <= ws_bytes) {
-      split = want;
-      auto_split = true;
-    }
-  }
+  const int64_t cap = BlockCap(p->vec);
+  const int need_c = Pow2Ceil(CeilDiv(nacc, cap));  // blocks that hold the row on chip
+  // The split path where the caller gives the workspace (else clusters): automatically with 256
+  // threads x 8 accesses in registers and the rest in shared memory; 4-byte types also prefetch
+  // into L2 the chunk a quarter of the resident blocks ahead.
+  const int want = SplitWanted<T>(k, nacc, p->vec);
+  const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
+  const int split = k.split > 1 ? k.split : auto_split ? want : 1;
   if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
   // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
   // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
@@ -942,9 +950,11 @@ cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int
 
 template <typename T>
 size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
-  Plan p;  // as aligned pointers would have it, with all the workspace the plan may want
-  if (MakePlan<T>(k, nullptr, nullptr, rows, cols, ~size_t{0}, &p) != cudaSuccess) return 0;
-  return SplitBytes(rows, p.split);
+  constexpr int W = 16 / sizeof(T);  // as aligned pointers would have it
+  const bool vec = cols % W == 0;
+  const int64_t nacc = vec ? cols / W : cols;
+  if (nacc > INT_MAX / 2) return 0;
+  return SplitBytes(rows, SplitWanted<T>(k, static_cast<int>(nacc), vec));
 }
 
 }  // namespace
@@ -998,15 +1008,9 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
       clusters = " clusters=" + std::to_string(p.nclusters);
     } else if (p.csize > 1) {
       clusters = " active=" + std::to_string(ActiveClusters(p.kernel, p.csize, p.threads, p.smem_acc * 16));
-    } else if (p.split > 1) {  // blocks per row, and how many blocks one SM holds
-      PrepareKernel(p.kernel);
-      int per_sm = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, p.kernel, p.threads, p.smem_acc * 16) !=
-          cudaSuccess) {
-        per_sm = 0;
-      }
-      cudaGetLastError();
-      clusters = " split=" + std::to_string(p.split) + " per_sm=" + std::to_string(per_sm);
+    } else if (p.split > 1) {  // blocks per row, and how many blocks the device holds at once
+      clusters = " split=" + std::to_string(p.split) +
+                 " resident=" + std::to_string(ResidentBlocks(p.kernel, p.threads, p.smem_acc * 16));
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
