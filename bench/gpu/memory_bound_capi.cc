@@ -7,8 +7,8 @@
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
 // choice: nullptr = the plain launcher (the automatic choice the server uses); else 13 ints in
 //   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-//   long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch (0 = automatic), as
-//   memory_bound_variants.h forces them (memory_bound_peers.py --variant).
+//   long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch (0 =
+//   automatic), as memory_bound_variants.h forces them (memory_bound_peers.py --variant).
 // Softmax gets the workspace its choice asks for, as the server gives it (one buffer per process,
 // grown when a shape needs more; the harness calls from one thread).
 // stream: a cudaStream_t (torch.cuda.current_stream().cuda_stream).
@@ -97,7 +97,7 @@ FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const v
   const auto dt = static_cast<DType>(dtype);
   const fc::KernelChoice k = ToChoice(choice);
   if (op == 1) fc::DescribeSoftmax(dt, in, out, rows, cols, k, buf, len, fc::SoftmaxWorkspaceBytes(dt, rows, cols, k));
-  if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, ToChoice(choice), buf, len);
+  if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, k, buf, len);
 }
 
 // cudaGetErrorName of an error code above, e.g. "cudaErrorInvalidValue".

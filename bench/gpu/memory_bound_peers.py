@@ -24,7 +24,8 @@ ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), 
 forced kernel choice of ours to that case, timed in the same interleaved rounds as
 "ours:key=v,...". Keys are
 KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch). Variants are checked against eager like ours.
+long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch). Variants are
+checked against eager like ours.
 
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
                              [--only CASE ...] [--variant CASE:key=v,... ...]

@@ -396,7 +396,8 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   const int64_t row = blockIdx.x / per_row;
   const int a0 = rank * chunk;
   const int t = threadIdx.x;
-  ChunkPart<T, W, VPT> part(reinterpret_cast<const R*>(in) + row * nacc + a0, reinterpret_cast<R*>(out) + row * nacc + a0,
+  const int64_t off = row * nacc + a0;
+  ChunkPart<T, W, VPT> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off,
                             max(0, min(nacc - a0, chunk)), smem_acc, row_smem, bars);
 
   // 1. Issue every load: registers, the bulk copy into shared memory (the rest is streamed).
@@ -880,8 +881,9 @@ cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, 
   const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize * p.split), s, attr);
   Split sp;
   if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in),
-                                           static_cast<T*>(out), p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
+  const cudaError_t e =
+      cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in), static_cast<T*>(out),
+                         p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -906,24 +908,27 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const T* i = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
+    auto launch = [&](auto kernel) {
+      kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+      return cudaGetLastError();
+    };
     if (p.exp_once) {  // MakePlan allowed it only where VPT x W <= 32
       if constexpr (W * 4 <= 32) {
-        if (p.vpt == 4) SoftmaxSmallKernel<T, W, 4, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+        if (p.vpt == 4) return launch(SoftmaxSmallKernel<T, W, 4, true>);
       }
       if constexpr (W * 8 <= 32) {
-        if (p.vpt == 8) SoftmaxSmallKernel<T, W, 8, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+        if (p.vpt == 8) return launch(SoftmaxSmallKernel<T, W, 8, true>);
       }
       if constexpr (W * 16 <= 32) {
-        if (p.vpt == 16) SoftmaxSmallKernel<T, W, 16, true><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+        if (p.vpt == 16) return launch(SoftmaxSmallKernel<T, W, 16, true>);
       }
       return cudaGetLastError();
     }
     switch (p.vpt) {
-      case 4: SoftmaxSmallKernel<T, W, 4><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
-      case 8: SoftmaxSmallKernel<T, W, 8><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
-      default: SoftmaxSmallKernel<T, W, 16><<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma); break;
+      case 4: return launch(SoftmaxSmallKernel<T, W, 4>);
+      case 8: return launch(SoftmaxSmallKernel<T, W, 8>);
+      default: return launch(SoftmaxSmallKernel<T, W, 16>);
     }
-    return cudaGetLastError();
   }
   if constexpr (W > 1) {
     if (p.kind == Kind::kPipe) {

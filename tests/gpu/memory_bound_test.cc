@@ -413,11 +413,15 @@ TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
       k1.exp_fma = k2.exp_fma = -1;  // the FFMA output folds 1/sum into the exponent: other bits
       const std::string where = Where(dt, rows, cols, off * es, off * es, 0, "exp_once");
       ASSERT_TRUE(RunOp(in, off * es, rows * cols * es, off * es,
-                        [&](const void* i, void* o) { return cuda::LaunchSoftmaxWith(k1, dt, i, o, rows, cols, nullptr); },
+                        [&](const void* i, void* o) {
+                          return cuda::LaunchSoftmaxWith(k1, dt, i, o, rows, cols, nullptr);
+                        },
                         &once))
           << where;
       ASSERT_TRUE(RunOp(in, off * es, rows * cols * es, off * es,
-                        [&](const void* i, void* o) { return cuda::LaunchSoftmaxWith(k2, dt, i, o, rows, cols, nullptr); },
+                        [&](const void* i, void* o) {
+                          return cuda::LaunchSoftmaxWith(k2, dt, i, o, rows, cols, nullptr);
+                        },
                         &twice))
           << where;
       EXPECT_EQ(once, twice) << where;
