@@ -1,7 +1,8 @@
 // Times fusebox's memory-bound launchers (kernels/cuda/launch.h) on the issue-3 shapes: GeLU
 // 2^28 elements; softmax and row sum 262144x128, 65536x1024, 8192x8192, 2048x32768, 128x1048576;
 // float32 and bfloat16 (float16 with --fp16). Also times the forced kernel variants of
-// memory_bound_variants.h and a cudaMemcpy device-to-device copy as a ceiling.
+// memory_bound_variants.h, a cudaMemcpy device-to-device copy as a ceiling and the 64 MiB read our
+// row sum reaches.
 //
 // Method (the same as memory_bound_peers.py, so the numbers compare): before every timed launch
 // the L2 is flushed by reading a 256 MiB buffer (clean lines, nothing left to write back); the
@@ -182,6 +183,20 @@ int main(int argc, char** argv) {
     r.bytes = 2.0 * kBuf;
     timer.Time([&] { return cudaMemcpyAsync(out, in, kBuf, cudaMemcpyDeviceToDevice, s); }, &r);
     emit(r);
+    // What one 64 MiB read reaches (the size of bf16 262144x128): our long-row row sum over fp32
+    // 2048x8192, the kernel that reads 8192^2 at the 1 GiB read ceiling.
+    Record rr;
+    rr.op = "ceiling_read_64MiB_rowsum";
+    rr.dtype = "float32";
+    rr.impl = "ours rowsum 2048x8192";
+    rr.rows = 2048;
+    rr.cols = 8192;
+    rr.bytes = 4.0 * rr.rows * rr.cols + 4.0 * rr.rows;
+    CHECK_CUDA(FillUniform(DType::kFloat32, in, rr.rows * rr.cols, -1.f, 1.f, ++seed, s));
+    timer.Time([&] {
+      return cuda::LaunchRowSum(DType::kFloat32, in, static_cast<float*>(out), rr.rows, rr.cols, s);
+    }, &rr);
+    emit(rr);
   }
 
   std::vector<DType> dtypes = {DType::kFloat32, DType::kBFloat16};

@@ -49,6 +49,8 @@ def main():
     for r in ours["records"]:
         if r["op"] == "ceiling_copy":
             ceil["ceiling_copy_cudaMemcpy"] = r["gbps"]
+        elif r["op"].startswith("ceiling"):
+            ceil[r["op"]] = r["gbps"]
     key = lambda r: (r["op"], r["dtype"], r["rows"], r["cols"])  # noqa: E731
     inproc = {key(r): r for r in peers["records"] if r["impl"] == "ours"}
 

@@ -130,6 +130,7 @@ inline std::vector<Variant> Variants() {
   split(D::kBFloat16, 16, 512, 4, 0);
   split(D::kBFloat16, 32, 256, 4, 0);
   split(D::kBFloat16, 32, 256, 8, 1);
+  split(D::kBFloat16, 16, 256, 8, 0);  // 128 KiB blocks, as fp32 (run 17)
   // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     cuda::KernelChoice k;

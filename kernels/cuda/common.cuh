@@ -1,7 +1,7 @@
 // Shared device helpers for the memory-bound kernels (gelu.cu, softmax.cu, rowsum.cu):
 // 16-byte packed loads/stores with float conversion for float32 / float16 / bfloat16,
 // streaming cache hints, fast exp2, warp/group/block reductions, the (max, sum) pair used by
-// softmax, the sm_90 cluster / mbarrier / bulk-copy primitives and the global-memory flag
+// softmax, the sm_90 cluster / mbarrier / bulk-copy primitives and the global-memory word
 // primitives (inline PTX).
 // Costs nothing by itself: every function here is inlined into the kernels.
 // nvcc only; no absl, no gRPC.
@@ -350,14 +350,15 @@ __device__ __forceinline__ uint64_t GlobalTimerNs() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ unsigned LoadAcquireGpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+// One aligned 64-bit word, single-copy atomic, seen by every block of the GPU (no ordering of other
+// accesses: the word is all that is exchanged).
+__device__ __forceinline__ uint64_t LoadRelaxedGpu(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-// Publishes a value written before it (by this thread) to whoever acquires `*p` after it.
-__device__ __forceinline__ void AddRelease(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void StoreRelaxedGpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
 // aborts. Long softmax / row-sum rows are split over a thread-block cluster (sm_90) that combines
 // its partial results through distributed shared memory; softmax can also split a row over
 // independent blocks that meet in a caller-provided workspace (SoftmaxWorkspaceBytes), which the
-// launcher zeroes with cudaMemsetAsync before the kernel.
+// launcher initialises with cudaMemsetAsync before the kernel.
 //
 // Semantics (the same as kernels/cpu and tests/reference.cc):
 //  - Gelu: out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed in float32.

@@ -20,10 +20,10 @@
 //        through distributed shared memory (one cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
 //        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
-//        memory and wait for the row's count (Split, below). No gang-scheduling: all 132 SMs and
-//        2-4 blocks per SM whose load / reduce / store phases drift apart. fp32 blocks also
-//        prefetch into L2 the chunk a quarter of the resident blocks ahead. 128x1048576: ~88%
-//        (fp32) and ~83% (bf16) of copy bandwidth (NOTES.md runs 11-14);
+//        memory and read the row's pairs until all are there (Split, below). No gang-scheduling:
+//        all 132 SMs and 2-4 blocks per SM whose load / reduce / store phases drift apart. fp32
+//        blocks also prefetch into L2 the chunk a quarter of the resident blocks ahead.
+//        128x1048576: ~90% (fp32) and ~82% (bf16) of copy bandwidth (NOTES.md runs 11-17);
 //      * without a workspace, a cluster of 16 (non-portable; 16 x 288 KiB covers a 2^20 fp32 row).
 //        The H200 fits only 7 at once (112 of 132 SMs), one block per SM alternating load / reduce
 //        / store: 128x1048576 at ~75% of copy bandwidth.
@@ -206,53 +206,59 @@ __device__ __forceinline__ void AccumulateOnline(const typename Pack<T, W>::Raw&
 }
 
 // A row split over `blocks` independent blocks (no cluster) that combine their (max, sum) pairs
-// through global memory: each block stores its pair in part[row * blocks + rank], counts itself in
-// count[row] (zeroed before the launch) and waits until all have. A block that waits longer than
-// timeout_ns (its row-mates not scheduled: the GPU shared with other work) reads the whole row
-// itself instead, so progress never depends on co-scheduling; only speed does.
+// through global memory: each block stores its pair as one 64-bit word in part[row * blocks + rank]
+// (every word set to kUnsetPart before the launch) and its warp 0 reads the row's words until none
+// is unset, so the wait's last read already brings the pairs (relaxed accesses suffice: nothing
+// else is published). A block that waits longer than timeout_ns (its row-mates not scheduled: the
+// GPU shared with other work) reads the whole row itself instead, so progress never depends on
+// co-scheduling; only speed does.
 struct Split {
   int blocks = 1;
-  float2* part = nullptr;
-  unsigned* count = nullptr;
+  uint64_t* part = nullptr;
   uint32_t timeout_ns = 0;
 };
+constexpr unsigned char kUnsetByte = 0xFF;  // memset value: m's bits 0xFFFFFFFF, a NaN no max is
+constexpr uint32_t kUnsetPart = 0xFFFFFFFFu;
 
-// Split path, one row's blocks. Publish (thread 0): this block's pair, then the count.
+// Split path, one row's blocks. Publish (thread 0): this block's pair (m is never NaN: fmaxf drops
+// NaN; the check keeps the marker unambiguous anyway).
 __device__ __forceinline__ void SplitPublish(const Split& sp, int64_t row, int rank, MaxSum tot) {
-  __stcg(&sp.part[row * sp.blocks + rank], make_float2(tot.m, tot.s));
-  AddRelease(&sp.count[row], 1u);
+  uint32_t m = __float_as_uint(tot.m);
+  if (m == kUnsetPart) m = 0x7FC00000u;
+  StoreRelaxedGpu(&sp.part[row * sp.blocks + rank], (uint64_t{__float_as_uint(tot.s)} << 32) | m);
 }
-// Combine (the whole block): thread 0 waits for the row's count, warp 0 combines the pairs; after
-// the timeout the block reads the whole row instead. `slot` and `flag` are the block's shared
+// Combine (the whole block): warp 0 reads the row's pairs until all are set and combines them;
+// after the timeout the block reads the whole row instead. `slot` and `flag` are the block's shared
 // scratch (free again when this returns).
 template <typename T, int W>
 __device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int nacc, MaxSum* scratch,
                                MaxSum* slot, int* flag) {
   const int t = threadIdx.x;
-  const unsigned need = static_cast<unsigned>(sp.blocks);
-  if (t == 0) {
+  if (t < 32) {
     const uint64_t t0 = GlobalTimerNs();
-    bool ok = LoadAcquireGpu(&sp.count[row]) >= need;
-    while (!ok && GlobalTimerNs() - t0 < sp.timeout_ns) {
-      __nanosleep(256);
-      ok = LoadAcquireGpu(&sp.count[row]) >= need;
+    const uint64_t* words = sp.part + row * sp.blocks;
+    MaxSum r;
+    bool ok;
+    for (;;) {
+      r = {-INFINITY, 0.f};
+      bool set = true;
+      for (int i = t; i < sp.blocks; i += 32) {
+        const uint64_t w = LoadRelaxedGpu(&words[i]);
+        set = set && static_cast<uint32_t>(w) != kUnsetPart;
+        r = Combine(r, MaxSum{__uint_as_float(static_cast<uint32_t>(w)), __uint_as_float(static_cast<uint32_t>(w >> 32))});
+      }
+      ok = __all_sync(0xffffffffu, set);
+      if (ok || __shfl_sync(0xffffffffu, GlobalTimerNs() - t0 >= sp.timeout_ns, 0)) break;
+      __nanosleep(32);
     }
-    *flag = ok;
+    r = WarpReduce(r);
+    if (t == 0) {
+      *slot = r;
+      *flag = ok;
+    }
   }
   __syncthreads();
-  if (*flag) {
-    if (t < 32) {
-      MaxSum r{-INFINITY, 0.f};
-      for (int i = t; i < sp.blocks; i += 32) {
-        const float2 x = __ldcg(&sp.part[row * sp.blocks + i]);
-        r = Combine(r, MaxSum{x.x, x.y});
-      }
-      r = WarpReduce(r);
-      if (t == 0) *slot = r;
-    }
-    __syncthreads();
-    return *slot;
-  }
+  if (*flag) return *slot;
   using R = typename Pack<T, W>::Raw;  // the whole row, read from global memory by this block
   const R* whole = reinterpret_cast<const R*>(in) + row * nacc;
   MaxSum w{-INFINITY, 0.f};
@@ -275,6 +281,39 @@ __device__ __forceinline__ void WriteStreamed(const typename Pack<T, W>::Raw* sr
     for (int u = 0; u < 4; ++u) StoreHint(cs, dst + a + u * nt, Output<T, W>(x[u], op));
   }
   for (; a < n; a += nt) StoreHint(cs, dst + a, Output<T, W>(LoadHint(cs, src + a), op));
+}
+
+// Shared-memory row data filled by the bulk-copy engine in pieces of kBulkPiece bytes, one
+// mbarrier each. IssuePieces (one thread): the n accesses at src into sm, one piece per barrier.
+// FoldPieces (every thread): folds its share of the n accesses into st, each piece as soon as its
+// barrier completes phase `parity`, so the exp work runs under the remaining copies.
+constexpr int kPieceAccesses = static_cast<int>(kBulkPiece / 16);
+__host__ __device__ __forceinline__ int PiecesOf(int n) { return (n + kPieceAccesses - 1) / kPieceAccesses; }
+__device__ __forceinline__ void IssuePieces(const uint4* sm, const uint4* src, int n, uint64_t* bars) {
+  for (int lo = 0, p = 0; lo < n; lo += kPieceAccesses, ++p) {
+    const uint32_t bytes = static_cast<uint32_t>(min(n, lo + kPieceAccesses) - lo) * 16u;
+    MbarArriveExpectTx(&bars[p], bytes);
+    BulkLoad(const_cast<uint4*>(sm + lo), src + lo, bytes, &bars[p]);
+  }
+}
+template <typename T>
+__device__ __forceinline__ void FoldPieces(const uint4* sm, int n, uint64_t* bars, uint32_t parity, bool fma,
+                                           MaxSum& st) {
+  constexpr int W = 16 / sizeof(T);
+  const int t = threadIdx.x, nt = blockDim.x;
+  float m = st.m, s = st.s;
+  for (int lo = 0, p = 0; lo < n; lo += kPieceAccesses, ++p) {
+    const int hi = min(n, lo + kPieceAccesses);
+    MbarWait(&bars[p], parity);
+    float pm = m;
+    for (int b = lo + t; b < hi; b += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[b]));
+    s = Rescale(s, m, pm);
+    m = pm;
+    WithExp(m, fma, [&](const auto& ex) {
+      for (int b = lo + t; b < hi; b += nt) AccumulateSum<T, W>(sm[b], ex, s);
+    });
+  }
+  st = {m, s};
 }
 
 // One block's chunk of one row: n accesses at src (out: dst), the first nreg in registers (VPT per
@@ -306,15 +345,8 @@ struct ChunkPart {
     }
     if constexpr (Pack<T, W>::kVec) {
       if (nsm > 0 && t == 0) {
-        const uint32_t bytes = static_cast<uint32_t>(nsm) * 16u;
-        const char* g = reinterpret_cast<const char*>(src + nreg);
-        char* d = const_cast<char*>(reinterpret_cast<const char*>(sm));
-        for (uint32_t off = 0, piece = 0; off < bytes; off += kBulkPiece, ++piece) {
-          const uint32_t b = min(kBulkPiece, bytes - off);
-          MbarInit(&bars[piece], 1);
-          MbarArriveExpectTx(&bars[piece], b);
-          BulkLoad(d + off, g + off, b, &bars[piece]);
-        }
+        for (int p = 0; p < PiecesOf(nsm); ++p) MbarInit(&bars[p], 1);
+        IssuePieces(sm, src + nreg, nsm, bars);
       }
     }
   }
@@ -344,21 +376,9 @@ struct ChunkPart {
         if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
       }
     });
-    if constexpr (Pack<T, W>::kVec) {
-      constexpr int kPiece = static_cast<int>(kBulkPiece / 16);  // accesses per piece
-      for (int p0 = 0, piece = 0; p0 < nsm; p0 += kPiece, ++piece) {
-        const int p1 = min(nsm, p0 + kPiece);
-        MbarWait(&bars[piece], 0);
-        float pm = m;
-        for (int b = p0 + t; b < p1; b += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[b]));
-        s = Rescale(s, m, pm);
-        m = pm;
-        WithExp(m, fma, [&](const auto& ex) {
-          for (int b = p0 + t; b < p1; b += nt) AccumulateSum<T, W>(sm[b], ex, s);
-        });
-      }
-    }
-    return {m, s};
+    MaxSum r{m, s};
+    if constexpr (Pack<T, W>::kVec) FoldPieces<T>(sm, nsm, bars, 0, fma, r);
+    return r;
   }
   // The output e^(x - max) / sum of the whole chunk, given the row's (max, sum).
   __device__ __forceinline__ void Write(MaxSum tot, bool fma, bool cs) const {
@@ -449,13 +469,12 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 // ------------------------------------------------------------------------------ long rows, pipelined
 // Persistent version for rows that need shared memory: grid = nclusters * csize (as many clusters
 // as the device holds at once); cluster c handles rows c, c + nclusters, ... Per block, the part of
-// its chunk beyond the registers lives in shared memory as pieces of kPieceAcc accesses, each
+// its chunk beyond the registers lives in shared memory as pieces of kPieceAccesses accesses, each
 // filled by one bulk copy completing on its own mbarrier (one phase per row). The reduction
 // consumes each piece as it lands, so the exp work hides under the loads; the output pass refills
 // each piece with the next row's data as soon as every thread has read it, and reloads the
 // registers after writing them, so the next row's reads overlap this row's writes.
-constexpr int kPieceAcc = 2048;                              // 32 KiB per bulk copy
-constexpr int kMaxPieces = kBigSmemBytes / (kPieceAcc * 16);  // 7
+constexpr int kMaxPieces = kBigSmemBytes / kBulkPiece;  // 7
 
 template <typename T, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* in, T* out, int64_t rows, int nacc,
@@ -478,12 +497,12 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
   const int nreg = min(n, nt * VPT);
   const int nsm = min(n - nreg, smem_acc);
   const int nstart = nreg + nsm;
-  const int npieces = (nsm + kPieceAcc - 1) / kPieceAcc;
+  const int npieces = PiecesOf(nsm);
   const R* sm = row_smem;
 
   auto src_of = [&](int64_t row) { return reinterpret_cast<const R*>(in) + row * nacc + a0; };
   auto issue_piece = [&](const R* src, int p) {  // thread 0 only
-    const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
+    const int lo = p * kPieceAccesses, hi = min(nsm, lo + kPieceAccesses);
     const uint32_t bytes = static_cast<uint32_t>(hi - lo) * 16u;
     MbarArriveExpectTx(&full[p], bytes);
     BulkLoad(row_smem + lo, src + nreg + lo, bytes, &full[p]);
@@ -536,17 +555,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
       }
       for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
     }
-    for (int p = 0; p < npieces; ++p) {
-      MbarWait(&full[p], parity);
-      const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
-      float pm = st.m;
-      for (int a = lo + t; a < hi; a += nt) pm = fmaxf(pm, MaxOf<T, W>(sm[a]));
-      float ps = Rescale(st.s, st.m, pm);
-      WithExp(pm, false, [&](const auto& ex) {
-        for (int a = lo + t; a < hi; a += nt) AccumulateSum<T, W>(sm[a], ex, ps);
-      });
-      st = {pm, ps};
-    }
+    FoldPieces<T>(sm, nsm, full, parity, false, st);
 
     // Block, then cluster (double-buffered slot: a block can be one row ahead of a reader).
     MaxSum tot = BlockReduce(st, scratch);
@@ -573,7 +582,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
     const int64_t next = row + nclusters;
     const R* nsrc = next < rows ? src_of(next) : nullptr;
     for (int p = 0; p < npieces; ++p) {
-      const int lo = p * kPieceAcc, hi = min(nsm, lo + kPieceAcc);
+      const int lo = p * kPieceAccesses, hi = min(nsm, lo + kPieceAccesses);
       for (int a = lo + t; a < hi; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], M));
       __syncthreads();  // every thread has read piece p
       if (t == 0 && nsrc != nullptr) {
@@ -718,10 +727,9 @@ const void* PipeKernelPtr(int vpt) {
                   : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
 }
 
-// Workspace of a split launch: the rows' arrival counters (zeroed by the launcher), then the pairs.
-size_t CountBytes(int64_t rows) { return static_cast<size_t>(CeilDiv(rows * 4, 16) * 16); }
+// Workspace of a split launch: one 64-bit (max, sum) word per block, set to the marker by the launcher.
 size_t SplitBytes(int64_t rows, int split) {
-  return split > 1 ? CountBytes(rows) + static_cast<size_t>(rows) * split * sizeof(float2) : 0;
+  return split > 1 ? static_cast<size_t>(rows) * split * sizeof(uint64_t) : 0;
 }
 
 int RoundUp32(int64_t x) { return static_cast<int>(std::max<int64_t>(32, CeilDiv(x, 32) * 32)); }
@@ -786,7 +794,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       k.prefetch < -1 || k.prefetch > 8) {
     return cudaErrorInvalidValue;
   }
-  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
   const int64_t cap = BlockCap(p->vec);
   const int need_c = Pow2Ceil(CeilDiv(nacc, cap));  // blocks that hold the row on chip
   // The split path where the caller gives the workspace (else clusters): automatically with 256
@@ -796,6 +803,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
   const int split = k.split > 1 ? k.split : auto_split ? want : 1;
   if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
+  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
   // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
   // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
   const bool huge = CeilDiv(nacc, cap) > 4;
@@ -869,10 +877,9 @@ cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s,
 cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Split* sp) {
   if (p.split <= 1) return cudaSuccess;
   sp->blocks = p.split;
-  sp->count = static_cast<unsigned*>(ws);
-  sp->part = reinterpret_cast<float2*>(static_cast<char*>(ws) + CountBytes(rows));
+  sp->part = static_cast<uint64_t*>(ws);
   sp->timeout_ns = p.split_wait_ns;
-  return cudaMemsetAsync(sp->count, 0, static_cast<size_t>(rows) * 4, s);
+  return cudaMemsetAsync(sp->part, kUnsetByte, SplitBytes(rows, p.split), s);
 }
 
 template <typename T, int W, int VPT>

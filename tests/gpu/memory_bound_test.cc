@@ -173,7 +173,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     if (edit) edit(in);
     const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
-    // The workspace the choice asks for, full of garbage (the launcher must zero what it relies on).
+    // The workspace the choice asks for, full of garbage (the launcher must set what it relies on).
     const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k) : 0;
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.status(), cudaSuccess);
