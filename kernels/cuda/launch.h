@@ -69,7 +69,7 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //                     always (x - max) x log2(e) and a multiply by 1/sum
 //   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
 //                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
-//                     0 = automatic: 1 for 4-byte types on the split path; -1 = none)
+//                     0 = automatic: 1 on the split path; -1 = none)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it

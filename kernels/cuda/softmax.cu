@@ -21,9 +21,9 @@
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
 //        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
 //        memory and read the row's pairs until all are there (Split, below). No gang-scheduling:
-//        all 132 SMs and 2-4 blocks per SM whose load / reduce / store phases drift apart. fp32
-//        blocks also prefetch into L2 the chunk a quarter of the resident blocks ahead.
-//        128x1048576: ~90% (fp32) and ~82% (bf16) of copy bandwidth (NOTES.md runs 11-17);
+//        all 132 SMs and 2-4 blocks per SM whose load / reduce / store phases drift apart. Blocks
+//        also prefetch into L2 the chunk a quarter of the resident blocks ahead. 128x1048576:
+//        ~90% (fp32) and ~86% (bf16) of copy bandwidth (NOTES.md runs 11-18);
 //      * without a workspace, a cluster of 16 (non-portable; 16 x 288 KiB covers a 2^20 fp32 row).
 //        The H200 fits only 7 at once (112 of 132 SMs), one block per SM alternating load / reduce
 //        / store: 128x1048576 at ~75% of copy bandwidth.
@@ -797,7 +797,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const int64_t cap = BlockCap(p->vec);
   const int need_c = Pow2Ceil(CeilDiv(nacc, cap));  // blocks that hold the row on chip
   // The split path where the caller gives the workspace (else clusters): automatically with 256
-  // threads x 8 accesses in registers and the rest in shared memory; 4-byte types also prefetch
+  // threads x 8 accesses in registers and the rest in shared memory; blocks also prefetch
   // into L2 the chunk a quarter of the resident blocks ahead.
   const int want = SplitWanted<T>(k, nacc, p->vec);
   const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
@@ -839,7 +839,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
-  const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split && sizeof(T) == 4 ? 1 : 0;
+  const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0;
   if (prefetch > 0 && p->vec && !pipe) {  // quarters of the blocks resident at once
     p->ahead = static_cast<int>(
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
