@@ -112,14 +112,6 @@ inline std::vector<Variant> Variants() {
       add("softmax", sh, d, k, "exp two-step");
     }
   }
-  // fp32 long rows with e^(x - max) computed twice, the form before run 19 (now the register
-  // part keeps it from the sum to the output).
-  for (const Shape& sh : RowShapes()) {
-    if (sh.cols < 8192) continue;
-    cuda::KernelChoice k;
-    k.exp_once = -1;
-    add("softmax", sh, D::kFloat32, k, "exp twice");
-  }
   // Rows split over plain blocks meeting in the workspace (runs 11-18; the automatic choice for
   // 128x1048576 is 32 x (256 threads, 8 accesses) with the 1/4 L2 prefetch). Alternatives
   // that came close, and the prefetch at other distances (half: the L2 thrashes).

@@ -70,10 +70,9 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   prefetch          long-row softmax (one-shot kernel, vector path): each block prefetches
 //                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
 //                     0 = automatic: 1 on the split path; -1 = none)
-//   exp_once          softmax: 1 = keep e^(x - max) in registers from the sum to the output (one
-//                     exp per element instead of two), -1 = recompute it. Short rows:
-//                     vectors_per_thread x elements per access <= 32; long rows: the register
-//                     part, float32 vector path, one-shot kernel; automatic where that holds
+//   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
+//                     output (one exp per element instead of two; vectors_per_thread x elements
+//                     per access <= 32, automatic where that holds), -1 = recompute it
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

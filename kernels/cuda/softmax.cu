@@ -328,10 +328,6 @@ struct ChunkPart {
   const R* sm;
   uint64_t* bars;
   R v[VPT];
-  // fp32 vector path: the register part can keep e^(x - mk) in place of x from Reduce to Write,
-  // which then multiplies by e^(mk - max) / sum (one exp per element there instead of two).
-  static constexpr bool kKeepable = std::is_same_v<T, float> && W == 4;
-  float mk = 0.f;
 
   __device__ __forceinline__ ChunkPart(const R* src_, R* dst_, int n_, int smem_acc, uint4* smem, uint64_t* bars_)
       : src(src_), dst(dst_), n(n_), sm(reinterpret_cast<const R*>(smem)), bars(bars_) {
@@ -356,7 +352,7 @@ struct ChunkPart {
   }
   // This thread's (max, sum): the streamed remainder, the registers, then each shared-memory piece
   // as soon as it lands, so the exp work runs under the remaining loads.
-  __device__ __forceinline__ MaxSum Reduce(bool fma, bool keep) {
+  __device__ __forceinline__ MaxSum Reduce(bool fma) const {
     const int t = threadIdx.x, nt = blockDim.x;
     MaxSum st{-INFINITY, 0.f};
     int a = nreg + nsm + t;
@@ -377,51 +373,21 @@ struct ChunkPart {
     WithExp(m, fma, [&](const auto& ex) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
-        if (t + j * nt >= nreg) continue;
-        if constexpr (kKeepable) {
-          if (keep) {
-            float f[W];
-            Unpack<T, W>(v[j], f);
-#pragma unroll
-            for (int e = 0; e < W; ++e) {
-              f[e] = ex(f[e]);
-              s += f[e];
-            }
-            v[j] = PackFloats<T, W>(f);
-            continue;
-          }
-        }
-        AccumulateSum<T, W>(v[j], ex, s);
+        if (t + j * nt < nreg) AccumulateSum<T, W>(v[j], ex, s);
       }
     });
-    mk = m;
     MaxSum r{m, s};
     if constexpr (Pack<T, W>::kVec) FoldPieces<T>(sm, nsm, bars, 0, fma, r);
     return r;
   }
   // The output e^(x - max) / sum of the whole chunk, given the row's (max, sum).
-  __device__ __forceinline__ void Write(MaxSum tot, bool fma, bool cs, bool keep) const {
+  __device__ __forceinline__ void Write(MaxSum tot, bool fma, bool cs) const {
     const int t = threadIdx.x, nt = blockDim.x;
-    const bool kept = kKeepable && keep;
-    if (kept) {  // e^(mk - max) / sum: -inf / NaN rows give NaN or 0 as the two-exp form does
-      const float c = ExpDiff(mk, tot.m) / tot.s;
-#pragma unroll
-      for (int j = 0; j < VPT; ++j) {
-        const int a = t + j * nt;
-        if (a < nreg) {
-          float f[W];
-          Unpack<T, W>(v[j], f);
-#pragma unroll
-          for (int e = 0; e < W; ++e) f[e] *= c;
-          StoreHint(cs, dst + a, PackFloats<T, W>(f));
-        }
-      }
-    }
     WithOut(tot.m, tot.s, fma, [&](const auto& ex) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const int a = t + j * nt;
-        if (!kept && a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
+        if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
       }
       if constexpr (Pack<T, W>::kVec) {
         for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
@@ -436,8 +402,7 @@ struct ChunkPart {
 template <typename T, int W, int VPT>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
                                                                        int csize, int smem_acc, bool cs,
-                                                                       bool fma, bool keep, Split sp,
-                                                                       int ahead) {
+                                                                       bool fma, Split sp, int ahead) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -472,7 +437,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   }
 
   // 2. This thread's (max, sum), then the block's.
-  MaxSum tot = BlockReduce(part.Reduce(fma, keep), scratch);
+  MaxSum tot = BlockReduce(part.Reduce(fma), scratch);
 
   // 3. The row's: the cluster's, or the split row's.
   if (csize > 1) {
@@ -497,7 +462,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   }
 
   // 4. Output pass.
-  part.Write(tot, fma, cs, keep);
+  part.Write(tot, fma, cs);
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
 }
 
@@ -650,7 +615,7 @@ struct Plan {
   Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
-  bool exp_once = false;                     // short rows: KeepExp; one-shot long rows: keep
+  bool exp_once = false;                     // short rows: KeepExp
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int split = 1;                             // long rows: blocks per row meeting in global memory
@@ -880,10 +845,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
-  // One-shot kernel, fp32 vector path: the register part keeps e^(x - max) (ChunkPart, run 19).
-  const bool keepable = !pipe && p->vec && sizeof(T) == 4;
-  if (k.exp_once > 0 && !keepable) return cudaErrorInvalidValue;
-  p->exp_once = keepable && k.exp_once >= 0;
   p->kernel = kernel;
   p->vpt = vpt;
   p->csize = csize;
@@ -929,7 +890,7 @@ cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, 
   if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
   const cudaError_t e =
       cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in), static_cast<T*>(out),
-                         p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, p.exp_once, sp, p.ahead);
+                         p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -1066,7 +1027,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
                   p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
-                  p.smem_acc * 16, p.cs ? "cs" : "plain", (clusters + (p.exp_once ? " exp-once" : "")).c_str());
+                  p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
 
