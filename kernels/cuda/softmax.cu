@@ -873,7 +873,7 @@ cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s,
   return cfg;
 }
 
-// The split path's arguments in the workspace, its counters zeroed on the stream.
+// The split path's arguments in the workspace, its words set to the unset marker on the stream.
 cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Split* sp) {
   if (p.split <= 1) return cudaSuccess;
   sp->blocks = p.split;
