@@ -112,6 +112,12 @@ inline std::vector<Variant> Variants() {
       add("softmax", sh, d, k, "exp two-step");
     }
   }
+  // 8192-column rows: the chunk kernel (cluster of 1) as before run 20, and the lean row-block
+  // kernel with other geometries.
+  for (D d : {D::kFloat32, D::kBFloat16}) {
+    add("softmax", {8192, 8192}, d, Choice(0, 0, 1, 0, 0, 1), "chunk kernel c=1");
+    add("softmax", {8192, 8192}, d, Choice(0, 4, 0, 256, 0, 1), "t=256 v=4");
+  }
   // Rows split over plain blocks meeting in the workspace (runs 11-18; the automatic choice for
   // 128x1048576 is 32 x (256 threads, 8 accesses) with the 1/4 L2 prefetch). Alternatives
   // that came close, and the prefetch at other distances (half: the L2 thrashes).

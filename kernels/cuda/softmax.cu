@@ -16,8 +16,9 @@
 //    soon as it lands), and streams any remainder twice. Each thread reduces its values to a (max,
 //    sum of e^(x-max)) pair, the block combines pairs, the row's blocks combine theirs, then every
 //    block writes its chunk: e^(x - max) / sum. The row's blocks are
-//      * one block (rows up to 18432 accesses), or a thread-block cluster of C = 2 or 4 combining
-//        through distributed shared memory (one cluster barrier);
+//      * one block (rows up to 18432 accesses; rows of up to 2048 accesses, all in the registers
+//        of <= 256 threads, take a lean copy of the kernel with 48 registers), or a thread-block
+//        cluster of C = 2 or 4 combining through distributed shared memory (one cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
 //        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
 //        memory and read the row's pairs until all are there (Split, below). No gang-scheduling:
@@ -318,8 +319,9 @@ __device__ __forceinline__ void FoldPieces(const uint4* sm, int n, uint64_t* bar
 
 // One block's chunk of one row: n accesses at src (out: dst), the first nreg in registers (VPT per
 // thread), the next nsm in shared memory at sm (bulk copies of kBulkPiece, one mbarrier each in
-// bars), the rest streamed from global memory (read again for the output).
-template <typename T, int W, int VPT>
+// bars), the rest streamed from global memory (read again for the output). RegsOnly: the caller
+// guarantees n <= blockDim.x x VPT, and the other paths are not compiled (fewer registers).
+template <typename T, int W, int VPT, bool RegsOnly = false>
 struct ChunkPart {
   using R = typename Pack<T, W>::Raw;
   const R* src;
@@ -343,7 +345,7 @@ struct ChunkPart {
       const int a = t + j * nt;
       if (a < nreg) v[j] = LoadHint(cs, src + a);
     }
-    if constexpr (Pack<T, W>::kVec) {
+    if constexpr (Pack<T, W>::kVec && !RegsOnly) {
       if (nsm > 0 && t == 0) {
         for (int p = 0; p < PiecesOf(nsm); ++p) MbarInit(&bars[p], 1);
         IssuePieces(sm, src + nreg, nsm, bars);
@@ -355,15 +357,17 @@ struct ChunkPart {
   __device__ __forceinline__ MaxSum Reduce(bool fma) const {
     const int t = threadIdx.x, nt = blockDim.x;
     MaxSum st{-INFINITY, 0.f};
-    int a = nreg + nsm + t;
-    for (; a + 3 * nt < n; a += 4 * nt) {
-      R x[4];
+    if constexpr (!RegsOnly) {
+      int a = nreg + nsm + t;
+      for (; a + 3 * nt < n; a += 4 * nt) {
+        R x[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
+        for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
+        for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
+      }
+      for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
     }
-    for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
     float m = st.m;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -377,7 +381,7 @@ struct ChunkPart {
       }
     });
     MaxSum r{m, s};
-    if constexpr (Pack<T, W>::kVec) FoldPieces<T>(sm, nsm, bars, 0, fma, r);
+    if constexpr (Pack<T, W>::kVec && !RegsOnly) FoldPieces<T>(sm, nsm, bars, 0, fma, r);
     return r;
   }
   // The output e^(x - max) / sum of the whole chunk, given the row's (max, sum).
@@ -389,10 +393,12 @@ struct ChunkPart {
         const int a = t + j * nt;
         if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
       }
-      if constexpr (Pack<T, W>::kVec) {
-        for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
+      if constexpr (!RegsOnly) {
+        if constexpr (Pack<T, W>::kVec) {
+          for (int a = t; a < nsm; a += nt) StoreHint(cs, dst + nreg + a, Output<T, W>(sm[a], ex));
+        }
+        WriteStreamed<T, W>(src, dst, nreg + nsm + t, n, ex, cs);
       }
-      WriteStreamed<T, W>(src, dst, nreg + nsm + t, n, ex, cs);
     });
   }
 };
@@ -464,6 +470,25 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   // 4. Output pass.
   part.Write(tot, fma, cs);
   if (csize > 1) ClusterWait();  // nobody leaves while another block may still read its result
+}
+
+// ------------------------------------------------------------------------------ rows of one block
+constexpr int kRowBlockThreads = 256;
+// A row that one block of <= 256 threads holds in registers (nacc <= threads x VPT; grid.x =
+// rows): the same chunk code without the shared-memory, streamed, cluster and split paths, held
+// to 48 registers (no spills), so 5 blocks of 256 threads per SM where SoftmaxChunkKernel's 64
+// registers allow 4 (NOTES.md run 20).
+template <typename T, int W, int VPT>
+__global__ __launch_bounds__(kRowBlockThreads, 5) void SoftmaxRowBlockKernel(const T* in, T* out, int nacc, bool cs,
+                                                                          bool fma) {
+  using R = typename Pack<T, W>::Raw;
+  __shared__ MaxSum scratch[33];
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * nacc;
+  ChunkPart<T, W, VPT, true> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off, nacc, 0,
+                                  nullptr, nullptr);
+  part.Issue(cs);
+  const MaxSum tot = BlockReduce(part.Reduce(fma), scratch);
+  part.Write(tot, fma, cs);
 }
 
 // ------------------------------------------------------------------------------ long rows, pipelined
@@ -609,7 +634,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 }
 
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kChunk, kPipe };
+enum class Kind { kRows, kRowBlock, kChunk, kPipe };
 struct Plan {
   bool vec = false;
   Kind kind = Kind::kRows;
@@ -712,6 +737,15 @@ int ResidentBlocks(const void* kernel, int threads, int smem) {
   return per_sm * sms;
 }
 
+template <typename T, int W>
+const void* RowBlockKernelPtr(int vpt) {
+  switch (vpt) {
+    case 1: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 1>);
+    case 2: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 2>);
+    case 4: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 4>);
+    default: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 8>);
+  }
+}
 template <typename T, int W>
 const void* ChunkKernelPtr(int vpt) {
   switch (vpt) {
@@ -845,6 +879,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
+  // A row in the registers of one block of <= 256 threads and nothing else asked for (no cluster
+  // size, no prefetch): the lean kernel.
+  if (!pipe && k.cluster == 0 && csize == 1 && split == 1 && smem_acc == 0 && p->ahead == 0 &&
+      threads <= kRowBlockThreads && chunk <= int64_t{threads} * vpt) {
+    p->kind = Kind::kRowBlock;
+    kernel = p->vec ? RowBlockKernelPtr<T, W>(vpt) : RowBlockKernelPtr<T, 1>(vpt);
+  }
   p->kernel = kernel;
   p->vpt = vpt;
   p->csize = csize;
@@ -880,6 +921,13 @@ cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Sp
   sp->part = static_cast<uint64_t*>(ws);
   sp->timeout_ns = p.split_wait_ns;
   return cudaMemsetAsync(sp->part, kUnsetByte, SplitBytes(rows, p.split), s);
+}
+
+template <typename T, int W, int VPT>
+cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+  SoftmaxRowBlockKernel<T, W, VPT><<<static_cast<unsigned>(rows), p.threads, 0, s>>>(
+      static_cast<const T*>(in), static_cast<T*>(out), p.nacc, p.cs, p.fma);
+  return cudaGetLastError();
 }
 
 template <typename T, int W, int VPT>
@@ -940,6 +988,14 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
   if constexpr (W > 1) {
     if (p.kind == Kind::kPipe) {
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
+    }
+  }
+  if (p.kind == Kind::kRowBlock) {
+    switch (p.vpt) {
+      case 1: return LaunchRowBlock<T, W, 1>(p, in, out, rows, s);
+      case 2: return LaunchRowBlock<T, W, 2>(p, in, out, rows, s);
+      case 4: return LaunchRowBlock<T, W, 4>(p, in, out, rows, s);
+      default: return LaunchRowBlock<T, W, 8>(p, in, out, rows, s);
     }
   }
   switch (p.vpt) {
@@ -1026,7 +1082,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
-                  p.kind == Kind::kPipe ? "pipe" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
+                  p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kRowBlock ? "rowblock" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
                   p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
