@@ -246,7 +246,8 @@ __device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int na
       for (int i = t; i < sp.blocks; i += 32) {
         const uint64_t w = LoadRelaxedGpu(&words[i]);
         set = set && static_cast<uint32_t>(w) != kUnsetPart;
-        r = Combine(r, MaxSum{__uint_as_float(static_cast<uint32_t>(w)), __uint_as_float(static_cast<uint32_t>(w >> 32))});
+        const MaxSum x{__uint_as_float(static_cast<uint32_t>(w)), __uint_as_float(static_cast<uint32_t>(w >> 32))};
+        r = Combine(r, x);
       }
       ok = __all_sync(0xffffffffu, set);
       if (ok || __shfl_sync(0xffffffffu, GlobalTimerNs() - t0 >= sp.timeout_ns, 0)) break;
@@ -479,8 +480,8 @@ constexpr int kRowBlockThreads = 256;
 // to 48 registers (no spills), so 5 blocks of 256 threads per SM where SoftmaxChunkKernel's 64
 // registers allow 4 (NOTES.md run 20).
 template <typename T, int W, int VPT>
-__global__ __launch_bounds__(kRowBlockThreads, 5) void SoftmaxRowBlockKernel(const T* in, T* out, int nacc, bool cs,
-                                                                          bool fma) {
+__global__ __launch_bounds__(kRowBlockThreads, 5) void SoftmaxRowBlockKernel(const T* in, T* out, int nacc,
+                                                                             bool cs, bool fma) {
   using R = typename Pack<T, W>::Raw;
   __shared__ MaxSum scratch[33];
   const int64_t off = static_cast<int64_t>(blockIdx.x) * nacc;
@@ -1081,9 +1082,9 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
                  " resident=" + std::to_string(ResidentBlocks(p.kernel, p.threads, p.smem_acc * 16));
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
-    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s",
-                  p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kRowBlock ? "rowblock" : "chunk", p.vec ? "vec" : "scalar", p.csize, p.threads, p.vpt,
-                  p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
+    const char* name = p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kRowBlock ? "rowblock" : "chunk";
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s", name, p.vec ? "vec" : "scalar", p.csize,
+                  p.threads, p.vpt, p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
   }
 }
 
