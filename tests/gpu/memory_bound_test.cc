@@ -4,8 +4,9 @@
 // register-only kernel for rows of 513-2048 accesses and the general one), clusters, rows split
 // over blocks meeting in a workspace (given garbage, as a pool would), shared-memory staging, the
 // streamed remainder of very long rows, the scalar path for unaligned rows and pointers, special
-// values (-inf, +inf, NaN, huge), more than 2^31 elements, and every variant the benchmark times. Each output buffer is poisoned (0xFF = NaN) before the
-// launch, and the bytes around it and the input must be unchanged afterwards.
+// values (-inf, +inf, NaN, huge), more than 2^31 elements, and every variant the benchmark times.
+// Each output buffer is poisoned (0xFF = NaN) before the launch, and the bytes around it and the
+// input must be unchanged afterwards.
 // Without a GPU every test is skipped. FUSEBOX_GPU_TEST_SMALL=1 leaves out the largest shapes
 // (for compute-sanitizer runs).
 #include <cuda_runtime_api.h>
