@@ -43,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -738,23 +739,24 @@ int ResidentBlocks(const void* kernel, int threads, int smem) {
   return per_sm * sms;
 }
 
-template <typename T, int W>
-const void* RowBlockKernelPtr(int vpt) {
+// f(std::integral_constant<int, V>{}) for the long-row kernels' accesses per thread V = vpt (1, 2,
+// 4 or 8; MakePlan allows no other): one switch for every per-VPT instantiation.
+template <typename F>
+decltype(auto) WithVpt(int vpt, F&& f) {
   switch (vpt) {
-    case 1: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 1>);
-    case 2: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 2>);
-    case 4: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 4>);
-    default: return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, 8>);
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, 8>{});
   }
 }
 template <typename T, int W>
+const void* RowBlockKernelPtr(int vpt) {
+  return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, v()>); });
+}
+template <typename T, int W>
 const void* ChunkKernelPtr(int vpt) {
-  switch (vpt) {
-    case 1: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 1>);
-    case 2: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 2>);
-    case 4: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 4>);
-    default: return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, 8>);
-  }
+  return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, v()>); });
 }
 template <typename T>
 const void* PipeKernelPtr(int vpt) {
@@ -991,20 +993,10 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
     }
   }
-  if (p.kind == Kind::kRowBlock) {
-    switch (p.vpt) {
-      case 1: return LaunchRowBlock<T, W, 1>(p, in, out, rows, s);
-      case 2: return LaunchRowBlock<T, W, 2>(p, in, out, rows, s);
-      case 4: return LaunchRowBlock<T, W, 4>(p, in, out, rows, s);
-      default: return LaunchRowBlock<T, W, 8>(p, in, out, rows, s);
-    }
-  }
-  switch (p.vpt) {
-    case 1: return LaunchChunk<T, W, 1>(p, in, out, rows, ws, s);
-    case 2: return LaunchChunk<T, W, 2>(p, in, out, rows, ws, s);
-    case 4: return LaunchChunk<T, W, 4>(p, in, out, rows, ws, s);
-    default: return LaunchChunk<T, W, 8>(p, in, out, rows, ws, s);
-  }
+  return WithVpt(p.vpt, [&](auto v) {
+    return p.kind == Kind::kRowBlock ? LaunchRowBlock<T, W, v()>(p, in, out, rows, s)
+                                     : LaunchChunk<T, W, v()>(p, in, out, rows, ws, s);
+  });
 }
 
 template <typename T>
