@@ -12,7 +12,7 @@ and for context the same at 64 MiB (the smallest cases' size).
 Per op / dtype / shape the inputs are made once; ours is first checked against torch eager on
 them (a disagreement is printed and written into the record's "error": it never counts as a
 pass); then every impl gets 3 warm-ups and the timed calls are interleaved: for each of --reps
-(30) rounds, each impl in a rotating order: L2 flushed by reading 256 MiB, CUDA event, the call,
+(100) rounds, each impl in a rotating order: L2 flushed by reading 256 MiB, CUDA event, the call,
 CUDA event. Median (and min / max) per impl. Interleaving puts ours and the peers under the same
 clocks and temperature; two processes drifted 5-15% apart. Bytes: inputs read once + outputs
 written once. Without the library (--capi, else next to this script or in ../lib) the peers are
@@ -255,7 +255,7 @@ class Timer:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="ours, eager and Triton only (no torch.compile)")
     ap.add_argument("--capi", help=f"path of {CAPI_NAME} (default: next to this script, then ../lib)")
     ap.add_argument("--only", action="append", default=[], metavar="CASE", help="op:dtype:ROWSxCOLS (repeatable)")

@@ -106,6 +106,24 @@ __global__ __launch_bounds__(MaxT) void RowSumChunkKernel(const T* in, float* ou
   ClusterWait();
 }
 
+// The long-row kernel for `threads` per block and `unroll` loads in flight, or null where that pair
+// is not built: 256 x 4 / 8 / 16 and 512 x 8. Measured slower and not built: 1024-thread blocks
+// (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and 128 x 8 (0.3-16%, runs 21-22).
+template <typename T, int W>
+const void* LongKernel(int threads, int unroll) {
+  auto k = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
+  if (threads == kThreads) {
+    switch (unroll) {
+      case 4: return k(RowSumChunkKernel<T, W, 4, kThreads>);
+      case 8: return k(RowSumChunkKernel<T, W, 8, kThreads>);
+      case 16: return k(RowSumChunkKernel<T, W, 16, kThreads>);
+    }
+  } else if (threads == 512 && unroll == 8) {
+    return k(RowSumChunkKernel<T, W, 8, 512>);
+  }
+  return nullptr;
+}
+
 struct Plan {
   bool vec = false;
   bool small = false;
@@ -148,11 +166,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   const bool deep =
       sizeof(T) == 4 && p->vec && p->threads == kThreads && CeilDiv(nacc, p->csize) >= 64 * kThreads;
   p->unroll = k.vectors_per_thread ? k.vectors_per_thread : deep ? 16 : kLongUnroll;
-  // Built (threads, loads in flight) pairs: 256 x 4/8/16 and 512 x 8 (1024-thread blocks and
-  // 512 x 4 measured ~30% slower at 8192 columns, run 5, and were dropped).
-  const bool built = (p->threads == kThreads && (p->unroll == 4 || p->unroll == 8 || p->unroll == 16)) ||
-                     (p->threads == 512 && p->unroll == 8);
-  if (!built) return cudaErrorInvalidValue;
+  if (LongKernel<T, 1>(p->threads, p->unroll) == nullptr) return cudaErrorInvalidValue;
   if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   p->chunk = static_cast<int>(CeilDiv(nacc, p->csize));
   return cudaSuccess;
@@ -178,16 +192,11 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
-  auto launch = [&](auto kernel) {
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, in, out, p.nacc, p.chunk, p.csize, p.cs);
-    return e != cudaSuccess ? e : cudaGetLastError();
-  };
-  if (p.threads == 512) return launch(RowSumChunkKernel<T, W, 8, 512>);  // the pairs MakePlan allows
-  switch (p.unroll) {
-    case 8: return launch(RowSumChunkKernel<T, W, 8, kThreads>);
-    case 16: return launch(RowSumChunkKernel<T, W, 16, kThreads>);
-    default: return launch(RowSumChunkKernel<T, W, kLongUnroll, kThreads>);
-  }
+  int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
+  bool cs = p.cs;
+  void* args[] = {&in, &out, &nacc, &chunk, &csize, &cs};
+  const cudaError_t e = cudaLaunchKernelExC(&cfg, LongKernel<T, W>(p.threads, p.unroll), args);  // MakePlan checked it
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T>

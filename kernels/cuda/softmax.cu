@@ -17,7 +17,8 @@
 //    sum of e^(x-max)) pair, the block combines pairs, the row's blocks combine theirs, then every
 //    block writes its chunk: e^(x - max) / sum. The row's blocks are
 //      * one block (rows up to 18432 accesses; rows of up to 2048 accesses, all in the registers
-//        of <= 256 threads, take a lean copy of the kernel with 48 registers), or a thread-block
+//        of <= 256 threads x 8 or 512 x 4, take a lean copy of the kernel with <= 48 registers and
+//        the default hints fixed; fp32 8192 columns: 512 x 4, 39 registers), or a thread-block
 //        cluster of C = 2 or 4 combining through distributed shared memory (one cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
 //        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
@@ -475,22 +476,27 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 }
 
 // ------------------------------------------------------------------------------ rows of one block
-constexpr int kRowBlockThreads = 256;
-// A row that one block of <= 256 threads holds in registers (nacc <= threads x VPT; grid.x =
-// rows): the same chunk code without the shared-memory, streamed, cluster and split paths, held
-// to 48 registers (no spills), so 5 blocks of 256 threads per SM where SoftmaxChunkKernel's 64
-// registers allow 4 (NOTES.md run 20).
-template <typename T, int W, int VPT>
-__global__ __launch_bounds__(kRowBlockThreads, 5) void SoftmaxRowBlockKernel(const T* in, T* out, int nacc,
-                                                                             bool cs, bool fma) {
+// A row that one block holds in registers (nacc <= threads x VPT; grid.x = rows): the same chunk
+// code without the shared-memory, streamed, cluster and split paths, and with the default hints
+// (plain loads and stores, the FFMA exponent) fixed at compile time: run-time flags cost fp32
+// VPT 4 six registers (NOTES.md run 21). MaxT = 256 is held to 48 registers (5 blocks of 256 per
+// SM where SoftmaxChunkKernel's 64 allow 4, run 20); MaxT = 512 (VPT <= 4) to 40 (fp32 VPT 4: 39,
+// no spill), 3 blocks of 512 as Triton's 8192-column row program.
+constexpr int kRowBlockThreads = 256, kRowBlockWideThreads = 512;
+template <int MaxT>
+constexpr int RowBlockMinBlocks() { return MaxT > kRowBlockThreads ? 3 : 5; }
+
+template <typename T, int W, int VPT, int MaxT = kRowBlockThreads>
+__global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlockKernel(const T* in, T* out,
+                                                                                          int nacc) {
   using R = typename Pack<T, W>::Raw;
   __shared__ MaxSum scratch[33];
   const int64_t off = static_cast<int64_t>(blockIdx.x) * nacc;
   ChunkPart<T, W, VPT, true> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off, nacc, 0,
                                   nullptr, nullptr);
-  part.Issue(cs);
-  const MaxSum tot = BlockReduce(part.Reduce(fma), scratch);
-  part.Write(tot, fma, cs);
+  part.Issue(false);
+  const MaxSum tot = BlockReduce(part.Reduce(true), scratch);
+  part.Write(tot, true, false);
 }
 
 // ------------------------------------------------------------------------------ long rows, pipelined
@@ -750,9 +756,20 @@ decltype(auto) WithVpt(int vpt, F&& f) {
     default: return f(std::integral_constant<int, 8>{});
   }
 }
+// The row-block kernel's block size: 512 threads where VPT <= 4 and more than 256 are asked for.
+int RowBlockMaxThreads(int vpt) { return vpt <= 4 ? kRowBlockWideThreads : kRowBlockThreads; }
+template <typename T, int W, int VPT>
+const void* RowBlockKernelPtrV(int threads) {
+  if constexpr (VPT <= 4) {
+    if (threads > kRowBlockThreads) {
+      return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads>);
+    }
+  }
+  return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT>);
+}
 template <typename T, int W>
-const void* RowBlockKernelPtr(int vpt) {
-  return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, v()>); });
+const void* RowBlockKernelPtr(int vpt, int threads) {
+  return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v()>(threads); });
 }
 template <typename T, int W>
 const void* ChunkKernelPtr(int vpt) {
@@ -844,7 +861,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
   // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
   const bool huge = CeilDiv(nacc, cap) > 4;
-  const int vpt = k.vectors_per_thread ? k.vectors_per_thread
+  int vpt = k.vectors_per_thread ? k.vectors_per_thread
                   : auto_split         ? 8
                   : (huge && sizeof(T) == 4 && p->vec) ? 4
                                                        : 8;
@@ -882,12 +899,18 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
         std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
   }
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
-  // A row in the registers of one block of <= 256 threads and nothing else asked for (no cluster
-  // size, no prefetch): the lean kernel.
-  if (!pipe && k.cluster == 0 && csize == 1 && split == 1 && smem_acc == 0 && p->ahead == 0 &&
-      threads <= kRowBlockThreads && chunk <= int64_t{threads} * vpt) {
+  // A row in the registers of one block (<= 256 threads, or 512 with <= 4 accesses each) and
+  // nothing else asked for (no cluster size, no prefetch, the default hints): the lean kernel.
+  if (!pipe && k.cluster == 0 && csize == 1 && split == 1 && smem_acc == 0 && p->ahead == 0 && !p->cs && p->fma &&
+      threads <= RowBlockMaxThreads(vpt) && chunk <= int64_t{threads} * vpt) {
     p->kind = Kind::kRowBlock;
-    kernel = p->vec ? RowBlockKernelPtr<T, W>(vpt) : RowBlockKernelPtr<T, 1>(vpt);
+    // 4-byte rows of 1025-2048 accesses (fp32 8192 columns): 512 threads x 4 (39 registers, 3
+    // blocks per SM, 75%) rather than 256 x 8 (48, 5 blocks, 62.5%): +0.3% (NOTES.md run 22).
+    if (sizeof(T) == 4 && p->vec && !k.vectors_per_thread && !k.threads && chunk > 1024) {
+      vpt = 4;
+      threads = RoundUp32(CeilDiv(chunk, vpt));
+    }
+    kernel = p->vec ? RowBlockKernelPtr<T, W>(vpt, threads) : RowBlockKernelPtr<T, 1>(vpt, threads);
   }
   p->kernel = kernel;
   p->vpt = vpt;
@@ -926,11 +949,15 @@ cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Sp
   return cudaMemsetAsync(sp->part, kUnsetByte, SplitBytes(rows, p.split), s);
 }
 
-template <typename T, int W, int VPT>
+// The row-block kernel MakePlan chose (p.kernel: its VPT and block size).
+template <typename T>
 cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
-  SoftmaxRowBlockKernel<T, W, VPT><<<static_cast<unsigned>(rows), p.threads, 0, s>>>(
-      static_cast<const T*>(in), static_cast<T*>(out), p.nacc, p.cs, p.fma);
-  return cudaGetLastError();
+  const T* i = static_cast<const T*>(in);
+  T* o = static_cast<T*>(out);
+  int nacc = p.nacc;
+  void* args[] = {&i, &o, &nacc};
+  const cudaError_t e = cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T, int W, int VPT>
@@ -993,10 +1020,8 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
     }
   }
-  return WithVpt(p.vpt, [&](auto v) {
-    return p.kind == Kind::kRowBlock ? LaunchRowBlock<T, W, v()>(p, in, out, rows, s)
-                                     : LaunchChunk<T, W, v()>(p, in, out, rows, ws, s);
-  });
+  if (p.kind == Kind::kRowBlock) return LaunchRowBlock<T>(p, in, out, rows, s);
+  return WithVpt(p.vpt, [&](auto v) { return LaunchChunk<T, W, v()>(p, in, out, rows, ws, s); });
 }
 
 template <typename T>

@@ -451,6 +451,26 @@ TEST_P(MemoryBound, SoftmaxShortRowBlockSizes) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// The row-block kernel (a row in one block's registers) at 512 threads x 4 / x 2 and 1024-column
+// rows in blocks of 64-256 threads: full rows, rows that leave threads idle, scalar rows.
+TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
+  for (int64_t cols : {int64_t{8192}, int64_t{6000}, int64_t{2047}}) {
+    SCOPED_TRACE(::testing::Message() << "cols " << cols);
+    CheckSoftmax(7, cols, {0, 0}, bench::Choice(0, 4, 0, 512, 0, 1));
+    CheckSoftmax(7, cols, {0, 0}, bench::Choice(0, 2, 0, 512, 0, 1));
+  }
+  for (int vpt : {1, 2, 4}) CheckSoftmax(9, 1024, {0, 0}, bench::Choice(0, vpt, 0, 0, 0, 1));
+  DeviceBuffer b(1 << 20);
+  char desc[128];
+  cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 2047, bench::Choice(0, 4, 0, 512, 0, 1), desc, sizeof desc);
+  EXPECT_NE(std::string(desc).find("softmax/rowblock scalar c=1 t=512 v=4"), std::string::npos) << desc;
+  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, 128 x 8 for 2-byte ones.
+  cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, KernelChoice{}, desc, sizeof desc);
+  const char* want =
+      GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4" : "softmax/rowblock vec c=1 t=128 v=8";
+  EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
+}
+
 // The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
 // clusters of 1..16, shared memory in one or several pieces, and a streamed remainder.
 TEST_P(MemoryBound, SoftmaxPipelinedRefills) {
