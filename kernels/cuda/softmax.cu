@@ -862,9 +862,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
   const bool huge = CeilDiv(nacc, cap) > 4;
   int vpt = k.vectors_per_thread ? k.vectors_per_thread
-                  : auto_split         ? 8
-                  : (huge && sizeof(T) == 4 && p->vec) ? 4
-                                                       : 8;
+            : auto_split         ? 8
+            : (huge && sizeof(T) == 4 && p->vec) ? 4
+                                                 : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);

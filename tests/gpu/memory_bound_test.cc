@@ -451,8 +451,9 @@ TEST_P(MemoryBound, SoftmaxShortRowBlockSizes) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The row-block kernel (a row in one block's registers) at 512 threads x 4 / x 2 and 1024-column
-// rows in blocks of 64-256 threads: full rows, rows that leave threads idle, scalar rows.
+// The row-block kernel (a row in one block's registers) at 512 threads x 4 / x 2 (the chunk
+// kernel where the row does not fit) and 1024-column rows in blocks of 32-256 threads: full rows,
+// rows that leave threads idle, scalar rows; and the automatic choice at 8192 columns.
 TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   for (int64_t cols : {int64_t{8192}, int64_t{6000}, int64_t{2047}}) {
     SCOPED_TRACE(::testing::Message() << "cols " << cols);
