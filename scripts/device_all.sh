@@ -8,7 +8,10 @@
 #            RecordCall benchmark (bench/metrics/RESULTS.md)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
-# usage: scripts/device_all.sh [kernels] [matmul] [e2e]   (default: all three)
+# BASELINE=<rev> (kernels only) also builds that revision's libfusebox_memory_bound_capi.so (in a
+# worktree under build-base/) into the bundle as libfusebox_memory_bound_capi_base.so; the `ab` step
+# of run_device.sh then times it beside ours ("ours@base"): an A/B of two builds in one process.
+# usage: [BASELINE=<rev>] scripts/device_all.sh [kernels] [matmul] [e2e]   (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=("$@")
@@ -45,6 +48,18 @@ for j in "${jobs[@]}"; do
 done
 cmake -S . -B $b -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build $b -j"$(nproc)" --target "${want[@]}"
+if [[ -n ${BASELINE:-} ]]; then
+  wt=build-base/src
+  if [[ $(git -C $wt rev-parse HEAD 2>/dev/null) != "$(git rev-parse "$BASELINE^{commit}")" ]]; then
+    git worktree remove --force $wt 2>/dev/null || rm -rf $wt
+    git worktree prune
+    git worktree add --detach $wt "$BASELINE" >/dev/null
+  fi
+  cmake -S $wt -B build-base/build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-base/build -j"$(nproc)" --target fusebox_memory_bound_capi
+  cp build-base/build/bench/gpu/libfusebox_memory_bound_capi.so build-base/libfusebox_memory_bound_capi_base.so
+  files[kernels]+=" build-base/libfusebox_memory_bound_capi_base.so"
+fi
 for j in "${jobs[@]}"; do
   read -r -a f <<<"${files[$j]//$'\n'/ }"
   BUNDLE_DIR=.bundle-$j scripts/device_bundle.sh "${f[@]}"

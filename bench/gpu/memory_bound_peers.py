@@ -25,10 +25,13 @@ forced kernel choice of ours to that case, timed in the same interleaved rounds 
 "ours:key=v,...". Keys are
 KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
 long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch). Variants are
-checked against eager like ours.
+checked against eager like ours. --baseline PATH adds another build of the library (the previous
+commit's, say) as "ours@base" (repeatable: "ours@base2", ...), checked and timed the same way:
+builds' kernels compared in the same rounds, which a forced choice cannot do when the old kernel
+is gone.
 
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
-                             [--only CASE ...] [--variant CASE:key=v,... ...]
+                             [--only CASE ...] [--variant CASE:key=v,... ...] [--baseline PATH]
 """
 import argparse
 import ctypes
@@ -261,6 +264,10 @@ def main():
     ap.add_argument("--only", action="append", default=[], metavar="CASE", help="op:dtype:ROWSxCOLS (repeatable)")
     ap.add_argument("--variant", action="append", default=[], metavar="CASE:key=v,...",
                     help="a forced kernel choice of ours timed beside the automatic one (repeatable)")
+    ap.add_argument("--baseline", metavar="PATH", action="append", default=[],
+                    help=f"another build of {CAPI_NAME} (e.g. the previous commit's), timed as 'ours@base' "
+                    "interleaved with ours: an A/B of two builds in one process (repeatable: the second "
+                    "is 'ours@base2', ...)")
     args = ap.parse_args()
     variants = {}  # case -> [(label, {field: value})]
     for v in args.variant:
@@ -279,6 +286,12 @@ def main():
         return not only or f"{op}:{dname}:{rows}x{cols}" in only
     torch.ones(1, device="cuda").sum()  # CUDA up in torch first; our library then shares its context
     ours = load_ours(args.capi)
+    bases = []  # [(label, Ours)]: other builds, each its own copy of the kernels (RTLD_LOCAL)
+    if args.baseline and ours is None:
+        ap.error("--baseline needs our library as well (--capi)")
+    for i, path in enumerate(args.baseline):
+        bases.append((f"ours@base{i + 1 if i else ''}", Ours(os.path.abspath(path))))
+        print(f"{bases[-1][0]}: {os.path.abspath(path)}", flush=True)
     timer = Timer(args.reps)
     recs = []
     t0 = time.time()
@@ -364,10 +377,11 @@ def main():
         impls, errs, descs = list(peers), {}, {}
         if ours is not None:
             forced = variants.get(f"{op}:{dname}:{rows}x{cols}", [])
-            mine = [("ours", None)] + [("ours:" + label, c) for label, c in forced]
-            for name, choice in reversed(mine):
-                run = ours.launcher(op, x, out, choice)
-                errs[name], descs[name] = check_ours(op, x, out, run), ours.describe(op, x, out, choice)
+            mine = [("ours", ours, None)] + [("ours:" + label, ours, c) for label, c in forced]
+            mine += [(label, lib, None) for label, lib in bases]
+            for name, lib, choice in reversed(mine):
+                run = lib.launcher(op, x, out, choice)
+                errs[name], descs[name] = check_ours(op, x, out, run), lib.describe(op, x, out, choice)
                 impls.insert(0, (name, run))
         res = timer.time(impls)
         gbps = {}
@@ -378,6 +392,9 @@ def main():
         if ours is not None and best and gbps[best] > 0:
             print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){' WRONG' if err else ''}",
                   flush=True)
+        for label, _ in bases:
+            if gbps.get(label, 0) > 0:
+                print(f"{'':44s} ours/{label} {gbps['ours'] / gbps[label]:.4f}", flush=True)
 
     def compiled(f):
         return torch.compile(f, dynamic=False)

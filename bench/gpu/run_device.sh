@@ -10,7 +10,9 @@
 #             and the ceilings; then the verdict table (from the in-process numbers)     ~2-3 min
 #   quick     bench without torch.compile and without our variants                  ~1 min
 #   ab        in-process A/B: memory_bound_peers.py with the flags in AB (--only CASE,
-#             --variant CASE:key=v,...), e.g. AB="--variant softmax:bfloat16:65536x1024:exp_once=1"
+#             --variant CASE:key=v,...), e.g. AB="--variant softmax:bfloat16:65536x1024:exp_once=1";
+#             with the bundle's libfusebox_memory_bound_capi_base.so (BASELINE=<rev> device_all.sh)
+#             that build is timed too, as "ours@base"
 #   peerprof  Nsight Compute on ours and the torch.compile / eager kernels of the cases in
 #             PEERPROF ("op:dtype:RxC ..."), run inside memory_bound_peers.py; torch.compile's
 #             generated code goes to inductor.log; PEERPROF_ARGS: more flags (e.g. --variant ...)
@@ -89,9 +91,11 @@ for step in $steps; do
     ;;
   ab)
     echo "== in-process A/B: ${AB:-}"
+    base=()
+    [[ -f $B/bin/libfusebox_memory_bound_capi_base.so ]] && base=(--baseline "$B/bin/libfusebox_memory_bound_capi_base.so")
     # shellcheck disable=SC2086  # AB holds several flags
     python3 "$B/bin/memory_bound_peers.py" --json "$OUT/ab.json" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
-      ${AB:-} 2>&1 | tee -a "$OUT/ab.log" | grep -v "^#" || status=1
+      "${base[@]}" ${AB:-} 2>&1 | tee -a "$OUT/ab.log" | grep -v "^#" || status=1
     ;;
   peerprof)
     for c in ${PEERPROF:-rowsum:float32:8192x8192}; do

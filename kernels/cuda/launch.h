@@ -50,7 +50,8 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   threads_per_row   short-row kernel: lanes per row (1, 2, 4, 8, 16, 32)
 //   vectors_per_thread short-row softmax: 4, 8 or 16; long-row softmax: 1, 2, 4 or 8 (4 or 8
 //                     for the pipelined kernel); long-row row sum: loads in flight per thread
-//                     (with threads 256: 4, 8, 16; with 512: 8)
+//                     (with threads 256: 4, 8, 16; with 512: 8); short-row row sum: per lane
+//                     (8, or 4 with streaming loads of 16-byte accesses)
 //   cluster           long-row kernels: blocks per row (1..16; > 8 needs a non-portable cluster)
 //   threads           long-row softmax: threads per block (multiple of 32, <= 512); short-row
 //                     softmax: 32, 64, 128 or 256 (>= threads_per_row); row sum: threads per

@@ -11,9 +11,12 @@
 //    adds the C partial sums from distributed shared memory in rank order (deterministic, no
 //    atomics, no workspace) and writes the row's result.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
+// The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
+// a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
@@ -36,90 +39,176 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
   return s;
 }
 
-// Sums accesses first, first + step, ... < n of src, U loads in flight.
-template <typename T, int W, int U = kUnroll>
-__device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step,
-                                            bool cs) {
+// Sums accesses first, first + step, ... < n of src, U loads in flight; Cs: .cs (evict-first)
+// loads, else plain. Inlined, so a constant `step` folds into the addresses.
+template <typename T, int W, bool Cs, int U = kUnroll>
+__device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step) {
   using R = typename Pack<T, W>::Raw;
+  auto load = [](const R* p) -> R {
+    if constexpr (Cs) return LoadStream(p);
+    return *p;
+  };
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int a = first;
   for (; a + (U - 1) * step < n; a += U * step) {
     R x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = LoadHint(cs, src + a + u * step);
+    for (int u = 0; u < U; ++u) x[u] = load(src + a + u * step);
+    // Element-wise over the batch, last access first: the first add needs the last two loads, so
+    // ptxas issues every load before it (summed in load order, it put adds waiting on the first
+    // load between the loads, NOTES.md run 23).
+    float v[W];
+    Unpack<T, W>(x[U - 1], v);
 #pragma unroll
-    for (int u = 0; u < U; ++u) acc[u & 3] += SumAccess<T, W>(x[u]);
+    for (int u = U - 2; u >= 0; --u) {
+      float f[W];
+      Unpack<T, W>(x[u], f);
+#pragma unroll
+      for (int e = 0; e < W; ++e) v[e] += f[e];
+    }
+#pragma unroll
+    for (int e = 0; e < W; ++e) acc[e & 3] += v[e];
   }
-  // Tail: still issue the loads together.
-  R x[U];
+  // Tail: still issue the loads together. Skipped as a whole when empty (rows that are whole
+  // batches: the predicated-off tail was ~100 instructions per warp, NOTES.md run 23).
+  if (a < n) {
+    R x[U];
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (a + u * step < n) x[u] = LoadHint(cs, src + a + u * step);
-  }
+    for (int u = 0; u < U; ++u) {
+      if (a + u * step < n) x[u] = load(src + a + u * step);
+    }
 #pragma unroll
-  for (int u = 0; u < U; ++u) {
-    if (a + u * step < n) acc[u & 3] += SumAccess<T, W>(x[u]);
+    for (int u = 0; u < U; ++u) {
+      if (a + u * step < n) acc[u & 3] += SumAccess<T, W>(x[u]);
+    }
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-template <typename T, int W>
+// Block sum, valid in thread 0 only: one barrier (BlockSum broadcasts with two).
+__device__ __forceinline__ float BlockSumToFirst(float v, float* scratch) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+  v = GroupSum(v, 32);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float w = 0.f;
+  if (warp == 0) {
+    w = lane < nwarps ? scratch[lane] : 0.f;
+    w = GroupSum(w, 32);
+  }
+  return w;
+}
+
+// tpr (a power of two) lanes per row; 256-1024 threads per block. TPR > 0: tpr = TPR, fixed at
+// compile time (the loads then share one address register with immediate offsets and are issued
+// back to back; with a run-time tpr ptxas put adds that wait for the first load between them:
+// fp32 262144x128 -7%, NOTES.md run 23); TPR = 0: tpr_arg.
+// U loads in flight per lane.
+template <typename T, int W, bool Cs, int TPR, int U>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
-                                                          int tpr, bool cs) {
+                                                          int tpr_arg) {
   using R = typename Pack<T, W>::Raw;
+  const int tpr = TPR ? TPR : tpr_arg;
+  const int lg = __ffs(tpr) - 1;  // a power of two: rows by shifts, not a division
   const int lane = threadIdx.x & (tpr - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
   float s = 0.f;
-  if (row < rows) s = StridedSum<T, W>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr, cs);
+  if (row < rows) s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr);
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
 }
 
-// grid.x = rows * csize; cluster (csize, 1, 1) when csize > 1. U loads in flight per thread, at
-// most MaxT threads per block (the default is U = kLongUnroll, MaxT = kThreads; others are variants).
-template <typename T, int W, int U = kLongUnroll, int MaxT = kThreads>
-__global__ __launch_bounds__(MaxT) void RowSumChunkKernel(const T* in, float* out, int nacc, int chunk,
-                                                              int csize, bool cs) {
-  using R = typename Pack<T, W>::Raw;
-  __shared__ float scratch[33];
-  __shared__ float block_sum;
-  const int rank = csize > 1 ? static_cast<int>(ClusterRank()) : 0;
-  const int64_t row = blockIdx.x / csize;
-  const int a0 = rank * chunk;
-  const int n = max(0, min(nacc - a0, chunk));
-  const float s = BlockSum(StridedSum<T, W, U>(reinterpret_cast<const R*>(in) + row * nacc + a0,
-                                            threadIdx.x, n, blockDim.x, cs),
-                           scratch);
-  if (csize == 1) {
-    if (threadIdx.x == 0) out[row] = s;
-    return;
+// The short-row kernel for tpr (fixed at compile time for 16-byte accesses, at run time for scalar
+// ones) and U (4 only for .cs loads with tpr fixed, else kUnroll).
+template <typename T, int W, bool Cs>
+const void* SmallKernel(int tpr, int unroll) {
+  auto k = [unroll](auto t) {
+    constexpr int TPR = decltype(t)::value;
+    if constexpr (Cs && TPR > 0) {
+      if (unroll == 4) return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 4>);
+    }
+    return unroll == kUnroll ? reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, kUnroll>) : nullptr;
+  };
+  if constexpr (W > 1) {
+    switch (tpr) {
+      case 1: return k(std::integral_constant<int, 1>{});
+      case 2: return k(std::integral_constant<int, 2>{});
+      case 4: return k(std::integral_constant<int, 4>{});
+      case 8: return k(std::integral_constant<int, 8>{});
+      case 16: return k(std::integral_constant<int, 16>{});
+      case 32: return k(std::integral_constant<int, 32>{});
+    }
+    return nullptr;  // MakePlan allows powers of two up to 32 only
+  } else {
+    return k(std::integral_constant<int, 0>{});
   }
-  if (threadIdx.x == 0) block_sum = s;
-  ClusterArrive();
-  ClusterWait();
-  if (rank == 0 && threadIdx.x == 0) {
-    float total = 0.f;
-    for (int r = 0; r < csize; ++r) total += LoadRemoteF(MapRank(&block_sum, static_cast<uint32_t>(r)));
-    out[row] = total;
-  }
-  ClusterArrive();  // block 0 has read every partial before anyone leaves
-  ClusterWait();
 }
 
-// The long-row kernel for `threads` per block and `unroll` loads in flight, or null where that pair
-// is not built: 256 x 4 / 8 / 16 and 512 x 8. Measured slower and not built: 1024-thread blocks
-// (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and 128 x 8 (0.3-16%, runs 21-22).
+// Blocks of MaxT threads (the launch's block size), U loads in flight per thread. Not Clustered:
+// block b sums row b. Clustered: grid.x = rows * csize, cluster (csize, 1, 1); each block sums its
+// chunk and the cluster's block 0 adds the partial sums in rank order.
+// 4 loads in flight: at most 32 registers, a full SM (ptxas would take 34 for fp32 256 x 4 without
+// the bound: 6 blocks instead of 8, -7% at 2048x32768, NOTES.md run 23).
+template <int U, int MaxT>
+constexpr int ChunkMinBlocks() {
+  return U <= 4 ? 2048 / MaxT : 1;
+}
+
+template <typename T, int W, int U, int MaxT, bool Cs, bool Clustered>
+__global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKernel(const T* in, float* out, int nacc, int chunk,
+                                                          int csize) {
+  using R = typename Pack<T, W>::Raw;
+  __shared__ float scratch[32];
+  const R* src = reinterpret_cast<const R*>(in);
+  if constexpr (!Clustered) {
+    const int64_t row = blockIdx.x;
+    const float s =
+        BlockSumToFirst(StridedSum<T, W, Cs, U>(src + row * nacc, threadIdx.x, nacc, MaxT), scratch);
+    if (threadIdx.x == 0) out[row] = s;
+  } else {
+    __shared__ float block_sum;
+    const int rank = static_cast<int>(ClusterRank());
+    const int64_t row = blockIdx.x / csize;
+    const int a0 = rank * chunk;
+    const int n = max(0, min(nacc - a0, chunk));
+    const float s = BlockSumToFirst(StridedSum<T, W, Cs, U>(src + row * nacc + a0, threadIdx.x, n, MaxT), scratch);
+    if (threadIdx.x == 0) block_sum = s;
+    ClusterArrive();
+    ClusterWait();
+    if (rank == 0 && threadIdx.x == 0) {
+      float total = 0.f;
+      for (int r = 0; r < csize; ++r) total += LoadRemoteF(MapRank(&block_sum, static_cast<uint32_t>(r)));
+      out[row] = total;
+    }
+    ClusterArrive();  // block 0 has read every partial before anyone leaves
+    ClusterWait();
+  }
+}
+
+// The long-row kernel for `threads` per block, `unroll` loads in flight, the hint and the cluster
+// mode, or null where that pair is not built: 256 x 4 / 8 / 16 and 512 x 8. Measured slower and not
+// built: 1024-thread blocks (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and 128 x 8
+// (0.3-16%, runs 21-22).
 template <typename T, int W>
-const void* LongKernel(int threads, int unroll) {
-  auto k = [](auto kernel) { return reinterpret_cast<const void*>(kernel); };
+const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
+  auto pick = [&](auto u, auto t) -> const void* {
+    constexpr int U = decltype(u)::value, MaxT = decltype(t)::value;
+    if (cs) {
+      return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, true>)
+                       : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, false>);
+    }
+    return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, true>)
+                     : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, false>);
+  };
+  using I = std::integral_constant<int, kThreads>;
   if (threads == kThreads) {
     switch (unroll) {
-      case 4: return k(RowSumChunkKernel<T, W, 4, kThreads>);
-      case 8: return k(RowSumChunkKernel<T, W, 8, kThreads>);
-      case 16: return k(RowSumChunkKernel<T, W, 16, kThreads>);
+      case 4: return pick(std::integral_constant<int, 4>{}, I{});
+      case 8: return pick(std::integral_constant<int, 8>{}, I{});
+      case 16: return pick(std::integral_constant<int, 16>{}, I{});
     }
   } else if (threads == 512 && unroll == 8) {
-    return k(RowSumChunkKernel<T, W, 8, 512>);
+    return pick(std::integral_constant<int, 8>{}, std::integral_constant<int, 512>{});
   }
   return nullptr;
 }
@@ -130,9 +219,14 @@ struct Plan {
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
-  int unroll = kLongUnroll;  // long rows: loads in flight per thread
+  int unroll = kLongUnroll;  // loads in flight per thread (short rows: per lane)
   bool cs = true;
 };
+
+template <typename T, int W>
+const void* SmallKernelFor(const Plan& p) {
+  return p.cs ? SmallKernel<T, W, true>(p.tpr, p.unroll) : SmallKernel<T, W, false>(p.tpr, p.unroll);
+}
 
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_t cols, Plan* p) {
@@ -153,7 +247,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
-    return cudaSuccess;
+    // Loads in flight per lane: 4 where a lane has at most 4 accesses (one batch, no tail: bf16
+    // 262144x128; NOTES.md run 23), else 8.
+    const bool four = p->cs && p->vec && CeilDiv(nacc, p->tpr) <= 4;
+    p->unroll = k.vectors_per_thread ? k.vectors_per_thread : four ? 4 : kUnroll;
+    const void* kernel = p->vec ? SmallKernelFor<T, W>(*p) : SmallKernelFor<T, 1>(*p);
+    return kernel ? cudaSuccess : cudaErrorInvalidValue;
   }
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
@@ -166,7 +265,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   const bool deep =
       sizeof(T) == 4 && p->vec && p->threads == kThreads && CeilDiv(nacc, p->csize) >= 64 * kThreads;
   p->unroll = k.vectors_per_thread ? k.vectors_per_thread : deep ? 16 : kLongUnroll;
-  if (LongKernel<T, 1>(p->threads, p->unroll) == nullptr) return cudaErrorInvalidValue;
+  if (LongKernel<T, 1>(p->threads, p->unroll, p->cs, p->csize > 1) == nullptr) return cudaErrorInvalidValue;
   if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   p->chunk = static_cast<int>(CeilDiv(nacc, p->csize));
   return cudaSuccess;
@@ -178,8 +277,11 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    RowSumSmallKernel<T, W><<<static_cast<unsigned>(blocks), p.threads, 0, s>>>(in, out, rows, p.nacc, p.tpr, p.cs);
-    return cudaGetLastError();
+    const void* kernel = SmallKernelFor<T, W>(p);  // MakePlan checked it
+    int nacc = p.nacc, tpr = p.tpr;
+    void* args[] = {&in, &out, &rows, &nacc, &tpr};
+    const cudaError_t e = cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(p.threads), args, 0, s);
+    return e != cudaSuccess ? e : cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(rows * p.csize));
@@ -193,9 +295,9 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
   int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
-  bool cs = p.cs;
-  void* args[] = {&in, &out, &nacc, &chunk, &csize, &cs};
-  const cudaError_t e = cudaLaunchKernelExC(&cfg, LongKernel<T, W>(p.threads, p.unroll), args);  // MakePlan checked it
+  void* args[] = {&in, &out, &nacc, &chunk, &csize};
+  const void* kernel = LongKernel<T, W>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it
+  const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
@@ -240,8 +342,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
+                  p.unroll, p.cs ? "cs" : "plain");
   } else {
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");

@@ -119,13 +119,22 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
 // ------------------------------------------------------------------------------ short rows
 // KeepExp: the sum pass keeps each e^(x - max) in registers and the output pass multiplies it by
 // 1/sum (one exp per element; bitwise the same result as recomputing it with the same two-step
-// output, exp_fma = -1); VPT x W <= 32 floats.
-template <typename T, int W, int VPT, bool KeepExp = false>
+// output, exp_fma = -1); VPT x W <= 32 floats. Defaults: the default hints (plain loads and stores,
+// the FFMA exponent) fixed at compile time, the arguments cs_arg / fma_arg ignored (one copy of each
+// load and store, fewer registers); otherwise they are taken at run time. TPR > 0: lanes per row
+// fixed at compile time (the loads share one address register with immediate offsets); TPR = 0:
+// tpr_arg.
+template <typename T, int W, int VPT, bool KeepExp, bool Defaults, int TPR = 0>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
-                                                                    int nacc, int tpr, bool cs, bool fma) {
+                                                                    int nacc, int tpr_arg, bool cs_arg,
+                                                                    bool fma_arg) {
   using R = typename Pack<T, W>::Raw;
+  const bool cs = Defaults ? kDefaultStreaming : cs_arg;
+  const bool fma = Defaults || fma_arg;
+  const int tpr = TPR ? TPR : tpr_arg;
+  const int lg = __ffs(tpr) - 1;  // tpr is a power of two: rows by shifts, not a division
   const int lane = threadIdx.x & (tpr - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
   const bool active = row < rows;
   const R* src = reinterpret_cast<const R*>(in) + (active ? row : 0) * nacc;
   R* dst = reinterpret_cast<R*>(out) + (active ? row : 0) * nacc;
@@ -135,9 +144,11 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
     const int a = lane + j * tpr;
     if (active && a < nacc) v[j] = LoadHint(cs, src + a);
   }
+  // Last access first: ptxas then issues every load before the first max (in load order it put
+  // the first max between the loads, stalling the rest behind the first load's latency).
   float m = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
+  for (int j = VPT - 1; j >= 0; --j) {
     const int a = lane + j * tpr;
     if (active && a < nacc) m = fmaxf(m, MaxOf<T, W>(v[j]));
   }
@@ -993,26 +1004,38 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const T* i = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
-    auto launch = [&](auto kernel) {
-      kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+    // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
+    // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
+    // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218; NOTES.md run 23).
+    const bool defaults = p.cs == kDefaultStreaming && p.fma && (sizeof(T) == 2 || p.tpr == 32);
+    // KeepExp is allowed by MakePlan only where VPT x W <= 32.
+    auto launch = [&](auto vpt, auto keep) {
+      constexpr int VPT = decltype(vpt)::value;
+      constexpr bool Keep = decltype(keep)::value;
+      if constexpr (!Keep || VPT * W <= 32) {
+        auto kernel = SoftmaxSmallKernel<T, W, VPT, Keep, false>;
+        if (defaults) {
+          kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true>;
+          if constexpr (W > 1) {  // lanes per row at compile time where the plan picks them
+            if (p.tpr == 32) kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true, 32>;
+            if constexpr (sizeof(T) == 2) {
+              if (p.tpr == 4) kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true, 4>;
+              if (p.tpr == 8) kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true, 8>;
+              if (p.tpr == 16) kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true, 16>;
+            }
+          }
+        }
+        kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+      }
       return cudaGetLastError();
     };
-    if (p.exp_once) {  // MakePlan allowed it only where VPT x W <= 32
-      if constexpr (W * 4 <= 32) {
-        if (p.vpt == 4) return launch(SoftmaxSmallKernel<T, W, 4, true>);
-      }
-      if constexpr (W * 8 <= 32) {
-        if (p.vpt == 8) return launch(SoftmaxSmallKernel<T, W, 8, true>);
-      }
-      if constexpr (W * 16 <= 32) {
-        if (p.vpt == 16) return launch(SoftmaxSmallKernel<T, W, 16, true>);
-      }
-      return cudaGetLastError();
-    }
+    auto with_keep = [&](auto vpt) {
+      return p.exp_once ? launch(vpt, std::true_type{}) : launch(vpt, std::false_type{});
+    };
     switch (p.vpt) {
-      case 4: return launch(SoftmaxSmallKernel<T, W, 4>);
-      case 8: return launch(SoftmaxSmallKernel<T, W, 8>);
-      default: return launch(SoftmaxSmallKernel<T, W, 16>);
+      case 4: return with_keep(std::integral_constant<int, 4>{});
+      case 8: return with_keep(std::integral_constant<int, 8>{});
+      default: return with_keep(std::integral_constant<int, 16>{});
     }
   }
   if constexpr (W > 1) {

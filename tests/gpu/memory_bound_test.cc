@@ -525,6 +525,41 @@ TEST_P(MemoryBound, RowSumLongRowKernelShapes) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// The short-row kernels for every lanes-per-row value (compiled per value for 16-byte accesses),
+// with the default hints and forced ones (softmax: streaming, the two-step exponent; row sum:
+// plain loads), and the row sum's 4- and 8-load batches: rows of exactly one batch per lane, of
+// several, and of a partial last batch, on the vector and the scalar paths. A 4-load batch with
+// plain loads is not built and is refused.
+TEST_P(MemoryBound, ShortRowKernelsForEveryLaneCount) {
+  const int64_t w = 16 / static_cast<int64_t>(ElementSize(GetParam()));
+  for (int tpr : {1, 2, 4, 8, 16, 32}) {
+    for (int64_t per_lane : {int64_t{1}, int64_t{4}, int64_t{8}, int64_t{11}}) {
+      const int64_t cols = tpr * per_lane * w;
+      SCOPED_TRACE(::testing::Message() << "tpr " << tpr << " cols " << cols);
+      for (const Offsets off : {Offsets{0, 0}, Offsets{1, 3}}) {
+        for (int unroll : {4, 8}) {
+          if (unroll == 4 && (per_lane > 4 || off.in_elems != 0)) continue;  // 4 only where a lane has <= 4
+          CheckRowSum(67, cols, off, bench::Choice(tpr, unroll, 0, 0, 0, -1));
+        }
+        CheckRowSum(67, cols, off, bench::Choice(tpr, 8, 0, 0, 0, -1, 0, -1));
+        // The short-row softmax holds at most 16 accesses per lane (16-byte or scalar ones).
+        if (cols <= 16 * tpr * (off.in_elems == 0 ? w : 1)) {
+          KernelChoice twostep = bench::Choice(tpr, 16, 0, 0, 0, -1);
+          twostep.exp_fma = -1;
+          CheckSoftmax(67, cols, off, bench::Choice(tpr, 16, 0, 0, 0, -1));
+          CheckSoftmax(67, cols, off, bench::Choice(tpr, 16, 0, 0, 0, -1, 0, 1));
+          CheckSoftmax(67, cols, off, twostep);
+        }
+      }
+    }
+  }
+  DeviceBuffer b(1 << 16);
+  EXPECT_EQ(cuda::LaunchRowSumWith(bench::Choice(4, 4, 0, 0, 0, -1, 0, -1), GetParam(), b.get(),
+                                   reinterpret_cast<float*>(b.get()) + 12000, 2, 128, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 TEST_P(MemoryBound, RowSumZeroColumns) {
   DeviceBuffer out(16 * sizeof(float));
   ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
