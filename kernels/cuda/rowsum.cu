@@ -4,8 +4,9 @@
 // Cost: reads every element once (rows cols sizeof(T) bytes) and writes rows floats; about one
 // add per element. Read-only streaming: each thread keeps several 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
-//  - short rows (nacc < 1024): a group of `tpr` lanes (4..32) per row, each lane summing every
-//    tpr-th access, kUnroll loads in flight; shuffle reduction in the group; 256-thread blocks.
+//  - short rows (nacc < 1024): a group of `tpr` lanes (8..32 for 16-byte accesses, 4..32 scalar)
+//    per row, each lane summing every tpr-th access, 4 or 8 loads in flight; shuffle reduction
+//    in the group; 256-thread blocks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), kLongUnroll loads in
 //    flight per thread (16 on long fp32 chunks); each block sums its chunk, the cluster's block 0
 //    adds the C partial sums from distributed shared memory in rank order (deterministic, no
@@ -241,9 +242,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // 4011 vs 3888 GB/s in one run, NOTES.md run 4).
   p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
   if (p->small) {
-    // One lane per 64 elements, at least 4 and at most 32 (measured best on the H200 for 128,
-    // 1024 and 8192 columns, fp32 and bf16; NOTES.md).
-    p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, std::max(4, Pow2Ceil(CeilDiv(cols, 64))));
+    // 16-byte accesses: one lane per 4, at least 8 and at most 32 lanes (in-process A/B against
+    // the older rule below, NOTES.md run 24: bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024
+    // columns 32 lanes +1.1-1.2%, fp32 128 columns 8 lanes +0.3%, bf16 1024 columns 32 lanes
+    // +0.4%). Scalar rows: one lane per 64 elements, at least 4 and at most 32 (NOTES.md run 4).
+    const int auto_tpr = p->vec ? std::min(32, std::max(8, Pow2Ceil(CeilDiv(nacc, 4))))
+                                : std::min(32, std::max(4, Pow2Ceil(CeilDiv(cols, 64))));
+    p->tpr = k.threads_per_row ? k.threads_per_row : auto_tpr;
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
