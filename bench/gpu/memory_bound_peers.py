@@ -42,6 +42,7 @@ import sys
 import time
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 import triton
 import triton.language as tl
@@ -395,6 +396,13 @@ def main():
         for label, _ in bases:
             if gbps.get(label, 0) > 0:
                 print(f"{'':44s} ours/{label} {gbps['ours'] / gbps[label]:.4f}", flush=True)
+
+    # One compiled lambda per op is recompiled for each shape and dtype (dynamo caches per code
+    # object): past its recompile limit (8) dynamo silently runs eager instead, which made
+    # "torch_compile" eager on the last bf16 shapes of every run before 2026-12-01 (NOTES run 24).
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
 
     def compiled(f):
         return torch.compile(f, dynamic=False)
