@@ -219,6 +219,22 @@ __device__ __forceinline__ void AccumulateOnline(const typename Pack<T, W>::Raw&
   st = {m, s};
 }
 
+// Online update with accesses first, first + step, ... < n of src (L2-kept loads), 4 in flight.
+template <typename T, int W>
+__device__ __forceinline__ void StreamOnline(const typename Pack<T, W>::Raw* src, int first, int n, int step,
+                                             MaxSum& st) {
+  using R = typename Pack<T, W>::Raw;
+  int a = first;
+  for (; a + 3 * step < n; a += 4 * step) {
+    R x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * step);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
+  }
+  for (; a < n; a += step) AccumulateOnline<T, W>(LoadKeep(src + a), st);
+}
+
 // A row split over `blocks` independent blocks (no cluster) that combine their (max, sum) pairs
 // through global memory: each block stores its pair as one 64-bit word in part[row * blocks + rank]
 // (every word set to kUnsetPart before the launch) and its warp 0 reads the row's words until none
@@ -371,17 +387,7 @@ struct ChunkPart {
   __device__ __forceinline__ MaxSum Reduce(bool fma) const {
     const int t = threadIdx.x, nt = blockDim.x;
     MaxSum st{-INFINITY, 0.f};
-    if constexpr (!RegsOnly) {
-      int a = nreg + nsm + t;
-      for (; a + 3 * nt < n; a += 4 * nt) {
-        R x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
-      }
-      for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
-    }
+    if constexpr (!RegsOnly) StreamOnline<T, W>(src, nreg + nsm + t, n, nt, st);
     float m = st.m;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
@@ -588,17 +594,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
       }
     });
     MaxSum st{m, s};
-    {
-      int a = nstart + t;
-      for (; a + 3 * nt < n; a += 4 * nt) {
-        R x[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) x[u] = LoadKeep(src + a + u * nt);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) AccumulateOnline<T, W>(x[u], st);
-      }
-      for (; a < n; a += nt) AccumulateOnline<T, W>(LoadKeep(src + a), st);
-    }
+    StreamOnline<T, W>(src, nstart + t, n, nt, st);
     FoldPieces<T>(sm, nsm, full, parity, false, st);
 
     // Block, then cluster (double-buffered slot: a block can be one row ahead of a reader).
