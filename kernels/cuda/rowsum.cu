@@ -7,10 +7,10 @@
 //  - short rows (nacc < 1024): a group of `tpr` lanes (8..32 for 16-byte accesses, 4..32 scalar)
 //    per row, each lane summing every tpr-th access, 4 or 8 loads in flight; shuffle reduction
 //    in the group; 256-thread blocks.
-//  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), kLongUnroll loads in
-//    flight per thread (16 on long fp32 chunks); each block sums its chunk, the cluster's block 0
-//    adds the C partial sums from distributed shared memory in rank order (deterministic, no
-//    atomics, no workspace) and writes the row's result.
+//  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), 4, 8 or 16 loads
+//    in flight per thread (as many as its accesses fill); each block sums its chunk, the
+//    cluster's block 0 adds the C partial sums from distributed shared memory in rank order
+//    (deterministic, no atomics, no workspace) and writes the row's result.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
 // a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
@@ -27,7 +27,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;      // short rows: loads in flight per lane
-constexpr int kLongUnroll = 4;  // long rows: loads in flight per thread (32 registers: 64 warps/SM)
+constexpr int kLongUnroll = 4;  // long rows: the fewest loads in flight per thread (32 registers)
 constexpr bool kDefaultStreaming = true;  // .cs loads unless KernelChoice::streaming says
 
 template <typename T, int W>
@@ -260,14 +260,14 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
   if (p->csize < 1 || p->csize > 8) return cudaErrorInvalidValue;
+  // Loads in flight per thread: 16, 8 or 4, the most that a thread's accesses fill (16-byte rows;
+  // scalar rows 4). Run 25 (C++ bench, 2c6c129): bf16 128x1048576 (64 per thread) u=16 +7.4%
+  // over u=4, bf16 2048x32768 (16) +0.7%, fp32 8192^2 (8) u=8 +1.1%; bf16 8192^2 (4): u=8 -10%
+  // (the whole row is the predicated tail). u=4 takes 32 registers (8 blocks of 256 per SM).
   p->threads = k.threads ? k.threads : kThreads;
-  // 4 loads in flight x 256 threads: 32 registers, 8 blocks per SM. Against 8 loads (56 registers,
-  // 4 blocks): fp32 8192^2 +2%, 128x1048576 +3%, bf16 128x1048576 +1%, bf16 8192^2 equal (run 5).
-  // 4-byte types with >= 64 accesses per thread: 16 loads in flight, fp32 128x1048576 +1.4-1.8%
-  // more (bf16 there loses 9%: twice the conversions per byte, 2 blocks per SM do not hide them).
-  const bool deep =
-      sizeof(T) == 4 && p->vec && p->threads == kThreads && CeilDiv(nacc, p->csize) >= 64 * kThreads;
-  p->unroll = k.vectors_per_thread ? k.vectors_per_thread : deep ? 16 : kLongUnroll;
+  const int per_thread = p->vec ? CeilDiv(CeilDiv(nacc, p->csize), p->threads) : 0;
+  const int fill = per_thread >= 16 ? 16 : per_thread >= 8 ? 8 : kLongUnroll;
+  p->unroll = k.vectors_per_thread ? k.vectors_per_thread : p->threads == kThreads ? fill : 8;
   if (LongKernel<T, 1>(p->threads, p->unroll, p->cs, p->csize > 1) == nullptr) return cudaErrorInvalidValue;
   if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   p->chunk = static_cast<int>(CeilDiv(nacc, p->csize));
