@@ -15,7 +15,8 @@
 #             that build is timed too, as "ours@base"
 #   peerprof  Nsight Compute on ours and the torch.compile / eager kernels of the cases in
 #             PEERPROF ("op:dtype:RxC ..."), run inside memory_bound_peers.py; torch.compile's
-#             generated code goes to inductor.log; PEERPROF_ARGS: more flags (e.g. --variant ...)
+#             generated code goes to inductor.log; PEERPROF_ARGS: more flags (e.g. --variant ...);
+#             PEERPROF_METRICS: extra ncu metrics (comma-separated), printed per kernel
 # Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
 # under $OUT; prints the verdict table last.
 # usage: COMMIT=<hash> BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh [test] [sanitize]
@@ -103,13 +104,13 @@ for step in $steps; do
       # shellcheck disable=SC2086  # PEERPROF_ARGS holds several flags
       FUSEBOX_PROFILE_TIMED=1 TORCH_LOGS=output_code timeout 240 "$NCU" --clock-control none --profile-from-start off \
         -k "regex:${PEERPROF_KERNELS:-RowSum|Softmax|SoftMax|triton_(red|per)_}" --launch-count "${PEERPROF_COUNT:-12}" \
-        "${NCU_SECTIONS[@]}" \
+        "${NCU_SECTIONS[@]}" ${PEERPROF_METRICS:+--metrics "$PEERPROF_METRICS"} \
         python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peerprof.json" --reps 2 \
         --capi "$B/bin/libfusebox_memory_bound_capi.so" --only "$c" ${PEERPROF_ARGS:-} >>"$OUT/peerprof.log" \
         2>>"$OUT/inductor.log" ||
         status=1
-      grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size" \
-        "$OUT/peerprof.log" | tail -n 24
+      grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Grid Size|Block Size${PEERPROF_METRICS:+|${PEERPROF_METRICS//,/|}}" \
+        "$OUT/peerprof.log" | tail -n ${PEERPROF_TAIL:-24}
     done
     ;;
   *) echo "unknown step $step"; status=2 ;;
