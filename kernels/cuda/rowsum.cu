@@ -240,11 +240,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // 4011 vs 3888 GB/s in one run, NOTES.md run 4).
   p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
   if (p->small) {
-    // 16-byte accesses: one lane per 4, at least 8 and at most 32 lanes (in-process A/B against
-    // the older rule below, NOTES.md run 24: bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024
-    // columns 32 lanes +1.1-1.2%, fp32 128 columns 8 lanes +0.3%, bf16 1024 columns 32 lanes
-    // +0.4%). Scalar rows: one lane per 64 elements, at least 4 and at most 32 (NOTES.md run 4).
-    const int auto_tpr = p->vec ? std::min(32, std::max(8, Pow2Ceil(CeilDiv(nacc, 4))))
+    // 16-byte accesses: one lane per 2, at least 8 and at most 32 lanes. In-process A/B: against
+    // one lane per 64 elements (NOTES.md run 24) bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024
+    // columns 32 lanes +1.1-1.2%, bf16 1024 columns 32 lanes +0.4%; fp32 128 columns 16 lanes
+    // +0.7-1.2% over 8 (run 25). Scalar rows: one lane per 64 elements, at least 4 and at most 32
+    // (NOTES.md run 4).
+    const int auto_tpr = p->vec ? std::min(32, std::max(8, Pow2Ceil(CeilDiv(nacc, 2))))
                                 : std::min(32, std::max(4, Pow2Ceil(CeilDiv(cols, 64))));
     p->tpr = k.threads_per_row ? k.threads_per_row : auto_tpr;
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
