@@ -154,8 +154,8 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
-  // Long rows: loads in flight per thread x threads per block (run 5-6: the default became u=4
-  // t=256, u=16 for fp32 with >= 64 accesses per thread).
+  // Long rows: loads in flight per thread x threads per block (run 5-6: u=4 t=256, u=16 for fp32
+  // with >= 64 accesses per thread; run 25: the most of 16 / 8 / 4 that a thread's accesses fill).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{8192, 8192}, Shape{2048, 32768}, Shape{128, 1048576}}) {
       add("rowsum", sh, d, Choice(0, 4, 0, 256, 0, 1), "block u=4 t=256");

@@ -265,6 +265,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // scalar rows 4). Run 25 (C++ bench, 2c6c129): bf16 128x1048576 (64 per thread) u=16 +7.4%
   // over u=4, bf16 2048x32768 (16) +0.7%, fp32 8192^2 (8) u=8 +1.1%; bf16 8192^2 (4): u=8 -10%
   // (the whole row is the predicated tail). u=4 takes 32 registers (8 blocks of 256 per SM).
+  // 512-thread blocks (forced only) come with 8, the one pair LongKernel builds for them.
   p->threads = k.threads ? k.threads : kThreads;
   const int per_thread = p->vec ? CeilDiv(CeilDiv(nacc, p->csize), p->threads) : 0;
   const int fill = per_thread >= 16 ? 16 : per_thread >= 8 ? 8 : kLongUnroll;
