@@ -56,7 +56,7 @@ CAPI_NAME = "libfusebox_memory_bound_capi.so"
 PROFILE_TIMED = os.environ.get("FUSEBOX_PROFILE_TIMED") == "1"  # profiler on around the timed rounds only
 CHOICE_KEYS = ["threads_per_row", "vectors_per_thread", "cluster", "threads", "smem_bytes", "long_rows",
                "pipeline", "streaming", "exp_once", "split",
-               "split_wait_us", "exp_fma", "prefetch", "rows_per_group"]  # KernelChoice order (memory_bound_capi.cc)
+               "split_wait_us", "exp_fma", "prefetch"]  # KernelChoice order (memory_bound_capi.cc)
 
 # ----------------------------------------------------------------------------- Triton kernels
 SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)

@@ -152,12 +152,6 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(8, 0, 0, 0, 0, -1, 0, kPlain), "rows tpr=8 plain");
   add("rowsum", {262144, 128}, D::kBFloat16, Choice(4, 0, 0, 512, 0, -1, 0, kPlain), "rows tpr=4 t=512 plain");
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
-  // Two adjacent rows per group of lanes, all loads in flight at once (run 26).
-  for (D d : {D::kFloat32, D::kBFloat16}) {
-    cuda::KernelChoice k;
-    k.rows_per_group = 2;
-    add("rowsum", {262144, 128}, d, k, "two rows per group");
-  }
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
   // Long rows: loads in flight per thread x threads per block (run 5-6: u=4 t=256, u=16 for fp32

@@ -74,9 +74,6 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it
-//   rows_per_group    short-row row sum, 16-byte accesses: 2 = each group of lanes sums two
-//                     adjacent rows, all of a lane's loads in flight at once (row length 1 or
-//                     2 accesses per lane at 8, 16 or 32 lanes; streaming loads); 0 / 1 = one
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
@@ -92,7 +89,6 @@ struct KernelChoice {
   int split_wait_us = 0;
   int exp_fma = 0;
   int prefetch = 0;
-  int rows_per_group = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

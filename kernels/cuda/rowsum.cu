@@ -117,50 +117,6 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
   if (lane == 0 && row < rows) out[row] = s;
 }
 
-// Two adjacent rows per group of TPR lanes (rows_per_group = 2, forced only): rows of TPR x K
-// 16-byte accesses, so a lane's first K accesses of the pair are row 2g's and the next K row
-// 2g + 1's; all 2K loads are in flight at once (.cs), half the blocks of RowSumSmallKernel.
-template <typename T, int W, int TPR, int K>
-__global__ __launch_bounds__(1024) void RowSumPairKernel(const T* in, float* out, int64_t rows) {
-  using R = typename Pack<T, W>::Raw;
-  const int lane = threadIdx.x % TPR;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * (blockDim.x / TPR) + threadIdx.x / TPR) * 2;
-  const R* src = reinterpret_cast<const R*>(in) + row * (TPR * K) + lane;
-  const int nload = row + 1 < rows ? 2 * K : row < rows ? K : 0;
-  R x[2 * K];
-#pragma unroll
-  for (int u = 0; u < 2 * K; ++u) {
-    if (u < nload) x[u] = LoadStream(src + u * TPR);
-  }
-  float s[2] = {0.f, 0.f};
-#pragma unroll
-  for (int u = 0; u < 2 * K; ++u) {
-    if (u < nload) s[u / K] += SumAccess<T, W>(x[u]);
-  }
-  s[0] = GroupSum(s[0], TPR);
-  s[1] = GroupSum(s[1], TPR);
-  if (lane == 0 && row < rows) out[row] = s[0];
-  if (lane == 0 && row + 1 < rows) out[row + 1] = s[1];
-}
-
-template <typename T, int W>
-const void* PairKernel(int tpr, int k) {
-  if constexpr (W > 1) {
-    auto pick = [k](auto t) -> const void* {
-      constexpr int TPR = decltype(t)::value;
-      if (k == 1) return reinterpret_cast<const void*>(RowSumPairKernel<T, W, TPR, 1>);
-      if (k == 2) return reinterpret_cast<const void*>(RowSumPairKernel<T, W, TPR, 2>);
-      return nullptr;
-    };
-    switch (tpr) {
-      case 8: return pick(std::integral_constant<int, 8>{});
-      case 16: return pick(std::integral_constant<int, 16>{});
-      case 32: return pick(std::integral_constant<int, 32>{});
-    }
-  }
-  return nullptr;
-}
-
 // The short-row kernel for tpr (fixed at compile time for 16-byte accesses, at run time for scalar
 // ones) and U (4 only for .cs loads with tpr fixed, else kUnroll).
 template <typename T, int W, bool Cs>
@@ -259,7 +215,6 @@ const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
 struct Plan {
   bool vec = false;
   bool small = false;
-  bool pair = false;  // RowSumPairKernel (rows_per_group = 2)
   int nacc = 0;
   int tpr = 0;
   int csize = 1, threads = kThreads, chunk = 0;
@@ -300,17 +255,10 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     // 262144x128; NOTES.md run 23), else 8.
     const bool four = p->cs && p->vec && CeilDiv(nacc, p->tpr) <= 4;
     p->unroll = k.vectors_per_thread ? k.vectors_per_thread : four ? 4 : kUnroll;
-    if (k.rows_per_group < 0 || k.rows_per_group > 2) return cudaErrorInvalidValue;
-    p->pair = k.rows_per_group == 2;
-    if (p->pair) {  // whole rows of 1 or 2 accesses per lane, 16-byte, streaming
-      const bool fits = p->vec && p->cs && nacc % p->tpr == 0 && !k.vectors_per_thread;
-      return fits && PairKernel<T, W>(p->tpr, nacc / p->tpr) ? cudaSuccess : cudaErrorInvalidValue;
-    }
     const void* kernel = p->vec ? SmallKernelFor<T, W>(*p) : SmallKernelFor<T, 1>(*p);
     return kernel ? cudaSuccess : cudaErrorInvalidValue;
   }
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
-  if (k.rows_per_group > 1) return cudaErrorInvalidValue;
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
   if (p->csize < 1 || p->csize > 8) return cudaErrorInvalidValue;
   // Loads in flight per thread: 16, 8 or 4, the most that a thread's accesses fill (16-byte rows;
@@ -331,14 +279,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
 template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
-  if (p.pair) {
-    const int64_t blocks = CeilDiv(rows, 2 * (p.threads / p.tpr));
-    if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    const void* kernel = PairKernel<T, W>(p.tpr, p.nacc / p.tpr);  // MakePlan checked it
-    void* args[] = {&in, &out, &rows};
-    const cudaError_t e = cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(p.threads), args, 0, s);
-    return e != cudaSuccess ? e : cudaGetLastError();
-  }
   if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
@@ -406,8 +346,6 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
-  } else if (p.pair) {
-    std::snprintf(buf, len, "rowsum/rows vec tpr=%d t=%d pair k=%d cs", p.tpr, p.threads, p.nacc / p.tpr);
   } else if (p.small) {
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");

@@ -560,40 +560,6 @@ TEST_P(MemoryBound, ShortRowKernelsForEveryLaneCount) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// rows_per_group = 2: a group of lanes sums two adjacent rows; odd row counts leave the last
-// group one row, and one row alone gives a group none for its second.
-TEST_P(MemoryBound, RowSumTwoRowsPerGroup) {
-  const int64_t w = 16 / static_cast<int64_t>(ElementSize(GetParam()));
-  for (int tpr : {8, 16, 32}) {
-    for (int64_t per_lane : {int64_t{1}, int64_t{2}}) {
-      for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{67}, int64_t{300}}) {
-        SCOPED_TRACE(::testing::Message() << "tpr " << tpr << " per lane " << per_lane << " rows " << rows);
-        KernelChoice k = bench::Choice(tpr, 0, 0, 0, 0, -1);
-        k.rows_per_group = 2;
-        CheckRowSum(rows, tpr * per_lane * w, {0, 0}, k);
-        k.threads = 1024;
-        CheckRowSum(rows, tpr * per_lane * w, {0, 0}, k);
-      }
-    }
-  }
-  // Not built: rows that are not whole 1 or 2 accesses per lane, scalar (unaligned) rows, plain
-  // loads, long rows.
-  DeviceBuffer b(1 << 20);
-  float* out = reinterpret_cast<float*>(b.get()) + 200000;
-  auto launch = [&](KernelChoice k, const void* in, int64_t cols) {
-    k.rows_per_group = 2;
-    return cuda::LaunchRowSumWith(k, GetParam(), in, out, 2, cols, nullptr);
-  };
-  const int64_t es = static_cast<int64_t>(ElementSize(GetParam()));
-  EXPECT_EQ(launch(bench::Choice(8, 0, 0, 0, 0, -1), b.get(), 24 * w), cudaErrorInvalidValue);
-  EXPECT_EQ(launch(bench::Choice(8, 0, 0, 0, 0, -1), b.get(), 12 * w), cudaErrorInvalidValue);
-  EXPECT_EQ(launch(bench::Choice(8, 0, 0, 0, 0, -1), b.get() + es, 8 * w),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(launch(bench::Choice(8, 0, 0, 0, 0, -1, 0, -1), b.get(), 8 * w), cudaErrorInvalidValue);
-  EXPECT_EQ(launch(bench::Choice(0, 0, 0, 0, 0, 1), b.get(), 8 * w), cudaErrorInvalidValue);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-}
-
 TEST_P(MemoryBound, RowSumZeroColumns) {
   DeviceBuffer out(16 * sizeof(float));
   ASSERT_EQ(cudaMemset(out.get(), 0xFF, out.bytes()), cudaSuccess);
