@@ -243,8 +243,8 @@ __device__ __forceinline__ MaxSum WarpReduce(MaxSum v) {
   return v;
 }
 
-// Whole-block reductions (blockDim.x a multiple of 32, <= 1024). `scratch` holds 33 slots.
-// Every thread gets the result. Two __syncthreads.
+// Whole-block reductions (blockDim.x a multiple of 32, <= 1024). BlockReduce: `scratch` holds 33
+// slots, every thread gets the result, two __syncthreads.
 __device__ __forceinline__ MaxSum BlockReduce(MaxSum v, MaxSum* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   v = WarpReduce(v);
@@ -258,18 +258,18 @@ __device__ __forceinline__ MaxSum BlockReduce(MaxSum v, MaxSum* scratch) {
   __syncthreads();
   return scratch[32];
 }
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+// Block sum, valid in thread 0 only (one barrier); scratch: 32 floats.
+__device__ __forceinline__ float BlockSumToFirst(float v, float* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   v = GroupSum(v, 32);
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
+  float w = 0.f;
   if (warp == 0) {
-    float w = lane < nwarps ? scratch[lane] : 0.f;
+    w = lane < nwarps ? scratch[lane] : 0.f;
     w = GroupSum(w, 32);
-    if (lane == 0) scratch[32] = w;
   }
-  __syncthreads();
-  return scratch[32];
+  return w;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -41,20 +41,17 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
 }
 
 // Sums accesses first, first + step, ... < n of src, U loads in flight; Cs: .cs (evict-first)
-// loads, else plain. Inlined, so a constant `step` folds into the addresses.
+// loads, else plain (a constant, so LoadHint folds). Inlined, so a constant `step` folds into the
+// addresses.
 template <typename T, int W, bool Cs, int U = kUnroll>
 __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src, int first, int n, int step) {
   using R = typename Pack<T, W>::Raw;
-  auto load = [](const R* p) -> R {
-    if constexpr (Cs) return LoadStream(p);
-    return *p;
-  };
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int a = first;
   for (; a + (U - 1) * step < n; a += U * step) {
     R x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = load(src + a + u * step);
+    for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + a + u * step);
     // Element-wise over the batch, last access first: fp32 262144x128 +4.6% against each access
     // summed in load order (ptxas orders the loads by its register target either way; NOTES.md
     // run 23).
@@ -76,7 +73,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
     R x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (a + u * step < n) x[u] = load(src + a + u * step);
+      if (a + u * step < n) x[u] = LoadHint(Cs, src + a + u * step);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -84,20 +81,6 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
     }
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-// Block sum, valid in thread 0 only: one barrier (BlockSum broadcasts with two).
-__device__ __forceinline__ float BlockSumToFirst(float v, float* scratch) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-  v = GroupSum(v, 32);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float w = 0.f;
-  if (warp == 0) {
-    w = lane < nwarps ? scratch[lane] : 0.f;
-    w = GroupSum(w, 32);
-  }
-  return w;
 }
 
 // tpr (a power of two) lanes per row; 256-1024 threads per block; U loads in flight per lane.
