@@ -1022,8 +1022,10 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
           }
         }
         kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+        return cudaGetLastError();
+      } else {
+        return cudaErrorInvalidValue;  // not built (MakePlan never asks for it)
       }
-      return cudaGetLastError();
     };
     auto with_keep = [&](auto vpt) {
       return p.exp_once ? launch(vpt, std::true_type{}) : launch(vpt, std::false_type{});
