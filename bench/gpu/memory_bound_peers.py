@@ -209,8 +209,9 @@ def load_ours(path):
 
 # ----------------------------------------------------------------------------- timing
 class Timer:
-    def __init__(self, reps):
+    def __init__(self, reps, trace=False):
         self.reps = reps
+        self.trace = trace
         self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
 
     def time(self, impls):
@@ -231,6 +232,11 @@ class Timer:
         if PROFILE_TIMED:  # run_device.sh peerprof: ncu --profile-from-start off sees the timed calls only
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
+        prof = None
+        if self.trace:
+            torch.cuda.synchronize()
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
         for rep in range(self.reps):
             k = rep % max(1, len(live))
             for name, fn in live[k:] + live[:k]:
@@ -249,6 +255,9 @@ class Timer:
         torch.cuda.synchronize()
         if PROFILE_TIMED:
             torch.cuda.profiler.stop()
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            print_kernel_trace(prof)
         for name, ev in times.items():
             if name not in out:
                 t = sorted(a.elapsed_time(b) for a, b in ev)
@@ -256,11 +265,35 @@ class Timer:
         return out
 
 
+def print_kernel_trace(prof):
+    """--trace: per kernel name, the median GPU duration of its launches in the timed rounds and the
+    median idle gap before it (its start minus the previous kernel's end: the flush, then the
+    events, then the launch), from the CUDA activity trace (CUPTI timestamps, no replay)."""
+    import tempfile
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as fh:
+            events = json.load(fh)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    by_name = {}
+    for prev, k in zip(kernels, kernels[1:]):
+        gap = k["ts"] - (prev["ts"] + prev["dur"])
+        by_name.setdefault(k["name"], []).append((k["dur"], gap))
+    for name, v in sorted(by_name.items()):
+        durs, gaps = sorted(d for d, _ in v), sorted(g for _, g in v)
+        print(f"trace {len(v):4d}x dur med {statistics.median(durs):8.2f} us (min {durs[0]:8.2f}) "
+              f"gap med {statistics.median(gaps):6.2f} us (min {gaps[0]:6.2f})  {name[:110]}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="ours, eager and Triton only (no torch.compile)")
+    ap.add_argument("--shape", action="append", default=[], metavar="ROWSxCOLS",
+                    help="time these softmax / row-sum shapes instead of the issue's (repeatable)")
+    ap.add_argument("--trace", action="store_true", help="also trace the timed rounds' kernels (torch.profiler) "
+                    "and print each kernel's median GPU duration and the idle gap before it")
     ap.add_argument("--capi", help=f"path of {CAPI_NAME} (default: next to this script, then ../lib)")
     ap.add_argument("--only", action="append", default=[], metavar="CASE", help="op:dtype:ROWSxCOLS (repeatable)")
     ap.add_argument("--variant", action="append", default=[], metavar="CASE:key=v,...",
@@ -270,6 +303,7 @@ def main():
                     "interleaved with ours: an A/B of two builds in one process (repeatable: the second "
                     "is 'ours@base2', ...)")
     args = ap.parse_args()
+    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shape] or SHAPES
     variants = {}  # case -> [(label, {field: value})]
     for v in args.variant:
         key, _, kv = v.rpartition(":")
@@ -293,7 +327,7 @@ def main():
     for i, path in enumerate(args.baseline):
         bases.append((f"ours@base{i + 1 if i else ''}", Ours(os.path.abspath(path))))
         print(f"{bases[-1][0]}: {os.path.abspath(path)}", flush=True)
-    timer = Timer(args.reps)
+    timer = Timer(args.reps, args.trace)
     recs = []
     t0 = time.time()
 
@@ -421,7 +455,7 @@ def main():
             peers.append(("triton", lambda: triton_gelu(x, y)))
             case("gelu", dname, 1, GELU_N, 2.0 * GELU_N * es, x, y, peers)
         del x, y
-        for rows, cols in SHAPES:
+        for rows, cols in shapes:
             if not (wanted("softmax", dname, rows, cols) or wanted("rowsum", dname, rows, cols)):
                 continue
             x = torch.empty(rows, cols, device="cuda", dtype=dt).uniform_(-4, 4)
