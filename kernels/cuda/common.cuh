@@ -229,9 +229,13 @@ __device__ __forceinline__ float Rescale(float s, float m_old, float m_new) {
 __device__ __forceinline__ float Term(float x, float m) {
   return x == -INFINITY ? 0.f : ExpDiff(x, m);
 }
+// One exp: only the pair with the smaller max is rescaled (by e^(-|a.m - b.m|); equal maxima,
+// -inf / -inf and inf / inf included, add as they are).
 __device__ __forceinline__ MaxSum Combine(MaxSum a, MaxSum b) {
-  const float m = fmaxf(a.m, b.m);
-  return {m, Rescale(a.s, a.m, m) + Rescale(b.s, b.m, m)};
+  const bool a_big = a.m >= b.m;
+  const float m = a_big ? a.m : b.m, lo = a_big ? b.m : a.m;
+  const float big = a_big ? a.s : b.s, small = a_big ? b.s : a.s;
+  return {m, big + Rescale(small, lo, m)};
 }
 __device__ __forceinline__ MaxSum WarpReduce(MaxSum v) {
   for (int o = 16; o > 0; o >>= 1) {
