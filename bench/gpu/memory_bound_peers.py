@@ -30,8 +30,15 @@ commit's, say) as "ours@base" (repeatable: "ours@base2", ...), checked and timed
 builds' kernels compared in the same rounds, which a forced choice cannot do when the old kernel
 is gone.
 
+--trace also records the timed rounds with torch.profiler (CUDA activity, CUPTI timestamps) and
+prints, per kernel name, the median GPU duration and the median idle gap before it: what the
+events' time splits into. It slows the host side, so the event times of peers with heavy Python
+launch paths (torch.compile) are not comparable in that mode. --shape ROWSxCOLS (repeatable)
+replaces the issue's softmax / row-sum shapes, e.g. for one wave or a few microseconds of work.
+
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
                              [--only CASE ...] [--variant CASE:key=v,... ...] [--baseline PATH]
+                             [--trace] [--shape ROWSxCOLS ...]
 """
 import argparse
 import ctypes
