@@ -12,8 +12,9 @@ and for context the same at 64 MiB (the smallest cases' size).
 Per op / dtype / shape the inputs are made once; ours is first checked against torch eager on
 them (a disagreement is printed and written into the record's "error": it never counts as a
 pass); then every impl gets 3 warm-ups and the timed calls are interleaved: for each of --reps
-(100) rounds, each impl in a rotating order: L2 flushed by reading 256 MiB, CUDA event, the call,
-CUDA event. Median (and min / max) per impl. Interleaving puts ours and the peers under the same
+(100) rounds, each impl in a rotating order: a ~300 us GPU spin (so that the host has queued the
+call before the GPU reaches it), L2 flushed by reading 256 MiB, CUDA event, the call, CUDA event.
+Median (and min / max) per impl. Interleaving puts ours and the peers under the same
 clocks and temperature; two processes drifted 5-15% apart. Bytes: inputs read once + outputs
 written once. Without the library (--capi, else next to this script or in ../lib) the peers are
 timed alone and the verdict falls back to memory_bound_bench.cc's numbers.
@@ -221,6 +222,15 @@ class Timer:
         self.trace = trace
         self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
 
+    def lead(self):
+        """Before each timed call: a ~300 us spin on the GPU (torch.cuda._sleep, clock cycles), then
+        the L2 flush. While the GPU spins, the host queues the events and the call, so no impl is
+        timed waiting for its own Python launch path. Without it a slow host inflated the medians
+        of the peers with heavy launch paths (torch.compile at bf16 2048x32768 on 2026-12-01: median
+        62.7 us, min 31.9 us), which would have counted for ours."""
+        torch.cuda._sleep(600_000)
+        self.flush.sum()  # 256 MiB read: L2 holds only clean, unrelated lines afterwards
+
     def time(self, impls):
         """impls: [(name, fn)]. 3 warm-ups each, then --reps rounds with every impl once per round,
         starting one later each round; L2 flushed before each call. Returns {name: (median, min, max)
@@ -250,7 +260,7 @@ class Timer:
                 if name in out:
                     continue
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                self.flush.sum()  # 256 MiB read: L2 holds only clean, unrelated lines afterwards
+                self.lead()
                 try:
                     a.record()
                     fn()
@@ -481,7 +491,7 @@ def main():
             peers.append(("triton", lambda: triton_rowsum(x, ys)))
             case("rowsum", dname, rows, cols, 1.0 * rows * cols * es + 4.0 * rows, x, ys, peers)
             del x, y, ys
-    method = "L2 flushed by a 256 MiB read before each call; CUDA events; median"
+    method = "a ~300 us GPU spin (the host queues the call meanwhile), then L2 flushed by a 256 MiB read, before each call; CUDA events; median"
     if ours is not None:
         method += "; ours and the peers interleaved in this process, rotating order"
     wrong = sum(1 for r in recs if r["impl"] == "ours" and r["error"])
