@@ -47,6 +47,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -233,7 +234,7 @@ class Timer:
 
     def time(self, impls):
         """impls: [(name, fn)]. 3 warm-ups each, then --reps rounds with every impl once per round,
-        starting one later each round; L2 flushed before each call. Returns {name: (median, min, max)
+        starting one later each round; lead() before each call. Returns {name: (median, min, max)
         in ms, or the exception that the impl raised}."""
         out, live = {}, []
         for name, fn in impls:
@@ -286,7 +287,6 @@ def print_kernel_trace(prof):
     """--trace: per kernel name, the median GPU duration of its launches in the timed rounds and the
     median idle gap before it (its start minus the previous kernel's end: the flush, then the
     events, then the launch), from the CUDA activity trace (CUPTI timestamps, no replay)."""
-    import tempfile
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         with open(f.name) as fh:
@@ -320,7 +320,13 @@ def main():
                     "interleaved with ours: an A/B of two builds in one process (repeatable: the second "
                     "is 'ours@base2', ...)")
     args = ap.parse_args()
-    shapes = [tuple(int(n) for n in s.split("x")) for s in args.shape] or SHAPES
+    shapes = []
+    for sh in args.shape:
+        rows, _, cols = sh.partition("x")
+        if not (rows.isdigit() and cols.isdigit() and int(rows) > 0 and int(cols) > 0):
+            ap.error(f"--shape {sh}: expected ROWSxCOLS, e.g. 1056x8192")
+        shapes.append((int(rows), int(cols)))
+    shapes = shapes or SHAPES
     variants = {}  # case -> [(label, {field: value})]
     for v in args.variant:
         key, _, kv = v.rpartition(":")
