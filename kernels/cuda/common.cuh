@@ -26,8 +26,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <typename T, int W>
 struct Pack {
   static constexpr bool kVec = W * sizeof(T) == 16;
-  static_assert(kVec || W == 1, "W must be 1 or a 16-byte vector");
-  using Raw = std::conditional_t<kVec, uint4, T>;
+  static constexpr bool kVec8 = W > 1 && W * sizeof(T) == 8;  // 8-byte accesses (row sum)
+  static_assert(kVec || kVec8 || W == 1, "W must be 1 or an 8- or 16-byte vector");
+  using Raw = std::conditional_t<kVec, uint4, std::conditional_t<kVec8, uint2, T>>;
 };
 
 __device__ __forceinline__ float Bf16LoToFloat(uint32_t u) { return __uint_as_float(u << 16); }
@@ -73,7 +74,15 @@ __device__ __forceinline__ void UnpackPair(uint32_t u, float& lo, float& hi, __n
 // Raw -> W floats.
 template <typename T, int W>
 __device__ __forceinline__ void Unpack(const typename Pack<T, W>::Raw& r, float (&f)[W]) {
-  if constexpr (!Pack<T, W>::kVec) {
+  if constexpr (Pack<T, W>::kVec8) {
+    if constexpr (std::is_same_v<T, float>) {
+      f[0] = __uint_as_float(r.x);
+      f[1] = __uint_as_float(r.y);
+    } else {
+      UnpackPair(r.x, f[0], f[1], static_cast<T*>(nullptr));
+      UnpackPair(r.y, f[2], f[3], static_cast<T*>(nullptr));
+    }
+  } else if constexpr (!Pack<T, W>::kVec) {
     f[0] = ToFloat<T>(r);
   } else if constexpr (std::is_same_v<T, float>) {
     f[0] = __uint_as_float(r.x);
@@ -117,6 +126,17 @@ __device__ __forceinline__ R LoadStream(const R* p) {
     *reinterpret_cast<unsigned short*>(&r) = u;
     return r;
   }
+}
+// 8 bytes read once, evict-first in L1 and, through an L2 cache policy, in L2 (the load
+// torch.compile's row sum uses; the policy is a constant the compiler keeps in a register).
+__device__ __forceinline__ uint2 LoadEvictFirst(const uint2* p) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  uint2 r;
+  asm("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+      : "=r"(r.x), "=r"(r.y)
+      : "l"(p), "l"(policy));
+  return r;
 }
 template <typename R>
 __device__ __forceinline__ R LoadKeep(const R* p) {

@@ -10,7 +10,9 @@
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), 4, 8 or 16 loads
 //    in flight per thread (as many as its accesses fill); each block sums its chunk, the
 //    cluster's block 0 adds the C partial sums from distributed shared memory in rank order
-//    (deterministic, no atomics, no workspace) and writes the row's result.
+//    (deterministic, no atomics, no workspace) and writes the row's result. 2-byte rows of one
+//    block with 16 or more loads per thread (32768-65536 columns) read 8-byte accesses in blocks
+//    of 512 threads x 16 loads, with the L2 evict-first cache policy (torch.compile's loads).
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
 // a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
@@ -40,6 +42,16 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
   return s;
 }
 
+// Cs: evict-first loads (8-byte ones also with the L2 evict-first policy), else plain.
+template <bool Cs, typename R>
+__device__ __forceinline__ R LoadFirst(const R* p) {
+  if constexpr (Cs && std::is_same_v<R, uint2>) {
+    return LoadEvictFirst(p);
+  } else {
+    return LoadHint(Cs, p);
+  }
+}
+
 // Sums accesses first, first + step, ... < n of src, U loads in flight; Cs: .cs (evict-first)
 // loads, else plain (a constant, so LoadHint folds). Inlined, so a constant `step` folds into the
 // addresses.
@@ -51,7 +63,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   for (; a + (U - 1) * step < n; a += U * step) {
     R x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + a + u * step);
+    for (int u = 0; u < U; ++u) x[u] = LoadFirst<Cs>(src + a + u * step);
     // Element-wise over the batch, last access first: fp32 262144x128 +4.6% against each access
     // summed in load order (ptxas orders the loads by its register target either way; NOTES.md
     // run 23).
@@ -73,7 +85,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
     R x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (a + u * step < n) x[u] = LoadHint(Cs, src + a + u * step);
+      if (a + u * step < n) x[u] = LoadFirst<Cs>(src + a + u * step);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -168,9 +180,10 @@ __global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKe
 }
 
 // The long-row kernel for `threads` per block, `unroll` loads in flight, the hint and the cluster
-// mode, or null where that pair is not built: 256 x 4 / 8 / 16 and 512 x 8. Measured slower and not
-// built: 1024-thread blocks (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and 128 x 8
-// (0.3-16%, runs 21-22).
+// mode, or null where that pair is not built: 16-byte and scalar accesses 256 x 4 / 8 / 16 and
+// 512 x 8; 8-byte accesses 512 x 16 only (the one pair MakePlan picks for them). Measured slower
+// and not built: 1024-thread blocks (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and
+// 128 x 8 (0.3-16%, runs 21-22).
 template <typename T, int W>
 const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
   auto pick = [&](auto u, auto t) -> const void* {
@@ -183,14 +196,17 @@ const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
                      : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, false>);
   };
   using I = std::integral_constant<int, kThreads>;
-  if (threads == kThreads) {
+  using J = std::integral_constant<int, 512>;
+  if constexpr (Pack<T, W>::kVec8) {
+    if (threads == 512 && unroll == 16) return pick(std::integral_constant<int, 16>{}, J{});
+  } else if (threads == kThreads) {
     switch (unroll) {
       case 4: return pick(std::integral_constant<int, 4>{}, I{});
       case 8: return pick(std::integral_constant<int, 8>{}, I{});
       case 16: return pick(std::integral_constant<int, 16>{}, I{});
     }
   } else if (threads == 512 && unroll == 8) {
-    return pick(std::integral_constant<int, 8>{}, std::integral_constant<int, 512>{});
+    return pick(std::integral_constant<int, 8>{}, J{});
   }
   return nullptr;
 }
@@ -203,6 +219,7 @@ struct Plan {
   int csize = 1, threads = kThreads, chunk = 0;
   int unroll = kLongUnroll;  // loads in flight per thread (short rows: per lane)
   bool cs = true;
+  bool w8 = false;  // 8-byte accesses (2-byte types, W = 4), 512 x 16
 };
 
 template <typename T, int W>
@@ -244,6 +261,20 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
   if (p->csize < 1 || p->csize > 8) return cudaErrorInvalidValue;
+  if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
+  // 2-byte rows that one block reads with 16 or more 8-byte loads per thread in 512-thread blocks
+  // (32768-65536 columns): torch.compile's loads, 8 bytes each with the L2 evict-first policy.
+  // In-process A/B (NOTES.md run 30): bf16 2048x32768 +0.9 / +1.4%; at 8192 columns (4 per
+  // thread, -0.3%) and on clusters (128x1048576, -0.8%) it loses, so it is not taken there.
+  p->w8 = sizeof(T) == 2 && p->vec && p->cs && p->csize == 1 && k.cluster == 0 && k.threads == 0 &&
+          k.vectors_per_thread == 0 && 2 * nacc >= 512 * 16;
+  if (p->w8) {
+    p->nacc = 2 * nacc;
+    p->threads = 512;
+    p->unroll = 16;
+    p->chunk = p->nacc;
+    return cudaSuccess;
+  }
   // Loads in flight per thread: 16, 8 or 4, the most that a thread's accesses fill (16-byte rows;
   // scalar rows 4). Run 25 (C++ bench, 2c6c129): bf16 128x1048576 (64 per thread) u=16 +7.4%
   // over u=4, bf16 2048x32768 (16) +0.7%, fp32 8192^2 (8) u=8 +1.1%; bf16 8192^2 (4): u=8 -10%
@@ -254,7 +285,6 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   const int fill = per_thread >= 16 ? 16 : per_thread >= 8 ? 8 : kLongUnroll;
   p->unroll = k.vectors_per_thread ? k.vectors_per_thread : p->threads == kThreads ? fill : 8;
   if (LongKernel<T, 1>(p->threads, p->unroll, p->cs, p->csize > 1) == nullptr) return cudaErrorInvalidValue;
-  if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   p->chunk = static_cast<int>(CeilDiv(nacc, p->csize));
   return cudaSuccess;
 }
@@ -262,7 +292,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
 template <typename T, int W>
 cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
-  if (p.small) {
+  if constexpr (Pack<T, W>::kVec8) {
+    if (p.small) return cudaErrorInvalidValue;  // 8-byte accesses are for long rows only
+  } else if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     const void* kernel = SmallKernelFor<T, W>(p);  // MakePlan checked it
@@ -295,6 +327,9 @@ cudaError_t LaunchRowSumT(const KernelChoice& k, const void* in, float* out, int
   Plan p;
   const cudaError_t e = MakePlan<T>(k, in, rows, cols, &p);
   if (e != cudaSuccess) return e;
+  if constexpr (sizeof(T) == 2) {
+    if (p.w8) return LaunchPlanW<T, 4>(p, in, out, rows, s);
+  }
   return p.vec ? LaunchPlanW<T, 16 / sizeof(T)>(p, in, out, rows, s) : LaunchPlanW<T, 1>(p, in, out, rows, s);
 }
 
@@ -333,7 +368,7 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");
   } else {
-    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.csize, p.threads,
+    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.w8 ? "vec8" : p.vec ? "vec" : "scalar", p.csize, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");
   }
 }

@@ -506,6 +506,29 @@ TEST_P(MemoryBound, RowSumSpecialRows) {
   }
 }
 
+// 2-byte rows that one block reads with 16 or more 8-byte loads per thread (32768-65536 columns)
+// take 8-byte loads in 512-thread blocks: whole batches, a partial last batch, a row of NaN / inf
+// and huge values; 4-byte types and misaligned rows take the other paths on the same shapes.
+TEST_P(MemoryBound, RowSumEightByteAccessRows) {
+  const DType dt = GetParam();
+  for (int64_t cols : {int64_t{32768}, int64_t{40960}, int64_t{65528}, int64_t{65536}}) {
+    char desc[128];
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 5, cols, KernelChoice{}, desc, sizeof desc);
+    EXPECT_EQ(std::string(desc).find("vec8") != std::string::npos, ElementSize(dt) == 2) << cols << ": " << desc;
+    CheckRowSum(5, cols, {0, 0}, KernelChoice{});
+    CheckRowSum(3, cols, {1, 3}, KernelChoice{});
+    auto edit = [&](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      set(0, cols - 1, kNaN);
+      set(1, cols / 2, kInf);
+      set(2, 0, -kInf);
+      set(2, cols - 1, kInf);
+      for (int64_t c = 0; c < cols; ++c) set(3, c, dt == DType::kFloat16 ? 6.0e4f : 1.0e30f);
+    };
+    CheckRowSum(4, cols, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  }
+}
+
 // Every (threads, loads in flight) pair the long-row row sum is built for, on the vector path
 // and the scalar one (an odd row length), with a block per row and with a cluster of 4; pairs it
 // is not built for are refused.
