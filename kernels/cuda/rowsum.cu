@@ -368,8 +368,9 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");
   } else {
-    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", p.w8 ? "vec8" : p.vec ? "vec" : "scalar", p.csize, p.threads,
-                  p.unroll, p.cs ? "cs" : "plain");
+    const char* access = p.w8 ? "vec8" : p.vec ? "vec" : "scalar";
+    std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", access, p.csize, p.threads, p.unroll,
+                  p.cs ? "cs" : "plain");
   }
 }
 
