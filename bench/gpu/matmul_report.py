@@ -243,7 +243,9 @@ def main():
     cpp = load(sys.argv[2]) if len(sys.argv) > 2 else {}
     misses, bad = [], [r for r in py.values() if r.get("check") == "FAIL"]
     bad += [r for r in cpp.values() if r.get("check") == "FAIL"]
-    print("TFLOP/s, median, L2 flushed; ours and torch timed by one do_bench harness in one process.")
+    print("TFLOP/s, median, L2 flushed; ours and torch timed interleaved by one harness in one process "
+          "(interleaved_timer.py: every variant of a shape and dtype once per round, a GPU spin and the "
+          "flush before each call).")
     print()
     print("ours Lt = our default cuBLASLt runner (32 MiB workspace, two picks).")
     print()

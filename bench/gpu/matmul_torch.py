@@ -6,11 +6,15 @@ ours (libfusebox_matmul_capi.so via ctypes): cuBLASLt path without / with bias a
   runs it, tiled kernel (automatic choice: wgmma where it applies) and tiled forced to mma.sync,
   both with bias.
 
-Timed with triton.testing.do_bench (CUDA events, L2 flushed before every call, median of ~100 ms
-of calls), inputs uniform in [-1, 1), fresh per shape and dtype. The variants of one shape and
-dtype run back to back, so clock and temperature drift affect them alike. fp32 runs twice:
-exact ("highest") and TF32 ("high"). Correctness on the same inputs: ours vs
-relu(a @ b + bias) in float64 on the GPU (relative L2 error), and NaN-free.
+Timed by interleaved_timer.Timer, the memory-bound harness's timer: the variants of one shape and
+dtype interleaved, every variant once per round in a rotating order, each call preceded by a
+~300 us GPU spin (the host queues the call meanwhile, so no variant is timed waiting for its own
+Python launch path) and an L2 flush (a 256 MiB read), CUDA events around the call; median of
+10-100 rounds (about 100 ms of calls per variant). So clock and temperature drift, which moved
+run 6's sequential main-pass ratios by up to 5% between runs, affect every variant alike.
+Inputs uniform in [-1, 1), fresh per shape and dtype. fp32 runs twice: exact ("highest") and TF32
+("high"). Correctness on the same inputs: ours vs relu(a @ b + bias) in float64 on the GPU
+(relative L2 error), and NaN-free.
 
 "ours Lt" is the server's default runner: 32 MiB workspace, two picks (the heuristic's first pick
 for a 32 MiB and for a 1 MiB workspace preference, timed against each other once per key where they
@@ -18,16 +22,16 @@ differ; matmul.h). Its "algo" field says which pick it took ("choice ...", with 
 
 A/B rounds (run 5): after the main pass of a shape and dtype, "Lt default (two picks)" beside
 "Lt 32 MiB first pick" and "Lt 1 MiB first pick" (PyTorch's cuBLASLt workspace) and, with bias,
-torch._addmm_activation: --ab-rounds rounds, each variant once per round (do_bench, ~40 ms), the
-order rotated every round so that no variant always runs first or last. Rows carry "ab_round",
+torch._addmm_activation: --ab-rounds rounds, each one interleaved timing of the variants (about
+--ab-rep ms of calls per variant), one median per variant and round. Rows carry "ab_round",
 "label" and the algorithm cuBLASLt picked for that runner ("algo": id, tile, stages, split-K, ...,
 a hash of the opaque algorithm -- equal hashes, same kernel and configuration -- and the choice).
 --ab missed (the default) runs them only for a (shape, dtype, bias) where the 32 MiB and the 1 MiB
 first picks differ (the fp32/tf32 cases where the two-pick timing decides something) or where the
 main pass missed 0.98x torch._addmm_activation with bias; --ab all for every case.
 
-One JSON object per line. Cost: about 40 s on an H200, plus ~2 s per A/B case (--ab missed: ~10-16
-cases; --ab all: 40).
+One JSON object per line; main-pass rows carry median_ms, min_ms, max_ms and rounds. Cost: about
+40 s on an H200, plus ~2 s per A/B case (--ab missed: ~10-16 cases; --ab all: 40).
 
 usage: python3 matmul_torch.py --capi PATH/libfusebox_matmul_capi.so [--json FILE] [--quick]
            [--ab all|missed|none] [--ab-rounds N] [--ab-rep MS]
@@ -38,7 +42,8 @@ import json
 import sys
 
 import torch
-from triton.testing import do_bench
+
+from interleaved_timer import Timer
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4000, 4000, 4000), (16384, 16384, 256),
           (64, 4096, 4096)]
@@ -52,6 +57,19 @@ LT_FIRST_1M = ("cublaslt_first1m", 4, "Lt 1 MiB first pick")
 LT_VARIANTS = [LT_DEFAULT, LT_FIRST_32M, LT_FIRST_1M]
 # --ab missed: also every bias case below this ratio to _addmm_activation in the main pass.
 BIAS_TARGET = 0.98
+MAIN_MS, MAIN_ROUNDS = 100.0, (10, 100)  # main pass: ms of calls per variant, rounds (min, max)
+AB_ROUNDS_PER_ROUND = (5, 50)  # A/B: timed calls per variant in one round (min, max)
+
+
+def rounds_for(run, budget_ms, bounds):
+    """Rounds that give about budget_ms of calls of `run` (one call timed now), within bounds."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    a.record()
+    run()
+    b.record()
+    torch.cuda.synchronize()
+    return max(bounds[0], min(bounds[1], int(budget_ms / max(a.elapsed_time(b), 1e-3))))
 
 
 def algo_hash(a):
@@ -66,7 +84,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ab", choices=("all", "missed", "none"), default="missed")
     ap.add_argument("--ab-rounds", type=int, default=3)
-    ap.add_argument("--ab-rep", type=float, default=40.0, help="do_bench rep (ms) in A/B rounds")
+    ap.add_argument("--ab-rep", type=float, default=40.0, help="ms of calls per variant in one A/B round")
     args = ap.parse_args()
     shapes = [(8192, 8192, 8192)] if args.quick else SHAPES
     out = open(args.json, "w") if args.json else None
@@ -89,6 +107,7 @@ def main():
           f"workspace {default_ws} B, two picks; A/B variants {[lb for _, _, lb in LT_VARIANTS]}",
           file=sys.stderr)
     failures = 0
+    timer = Timer(MAIN_ROUNDS[1])
 
     def emit(row):
         line = json.dumps(row)
@@ -159,15 +178,27 @@ def main():
             if name in ("fp16", "bf16"):
                 variants.append(("tiled_mma", True, ours(2, True), None))
             main_tflops = {}  # (impl, bias) -> tflops of the main pass
+            rows, runs = {}, []  # timer name -> row; [(timer name, run)]
             for impl, with_bias, run, lt_code in variants:
                 row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n, "k": k}
                 if lt_code is not None:
                     row.update(workspace_bytes=ws_of(lt_code), algo=algo(lt_code, with_bias))
                 if checkable and not impl.startswith("torch"):
                     check(run, with_bias, row)
-                ms = do_bench(run, warmup=25, rep=100, return_mode="median")
-                row.update(median_ms=ms, tflops=flops / (ms * 1e9))
-                main_tflops[(impl, with_bias)] = row["tflops"]
+                key = f"{impl}{'+bias' if with_bias else ''}"
+                rows[key] = row
+                runs.append((key, run))
+            rounds = rounds_for(variants[0][2], MAIN_MS, MAIN_ROUNDS)
+            for key, res in timer.time(runs, rounds).items():
+                row = rows[key]
+                if isinstance(res, Exception):
+                    row.update(error=str(res), check="FAIL")
+                    failures += 1
+                else:
+                    ms, lo, hi = res
+                    row.update(median_ms=ms, min_ms=lo, max_ms=hi, rounds=rounds, tflops=flops / (ms * 1e9))
+                    main_tflops[(row["impl"], row["bias"])] = row["tflops"]
+            for row in rows.values():
                 emit(row)
 
             def ab_wanted(with_bias):
@@ -217,13 +248,17 @@ def main():
                         vs.append((impl, run, lt_code))
                         print(f"{m}x{n}x{k} {name} bias={with_bias} {impl}: {meta['algo']}",
                               file=sys.stderr)
+                    per_round = rounds_for(vs[0][1], args.ab_rep, AB_ROUNDS_PER_ROUND)
                     for rnd in range(args.ab_rounds):
-                        shift = rnd % len(vs)
-                        for impl, run, lt_code in vs[shift:] + vs[:shift]:
-                            ms = do_bench(run, warmup=10, rep=args.ab_rep, return_mode="median")
+                        res = timer.time([(impl, run) for impl, run, _ in vs], per_round)
+                        for impl, _, _ in vs:
                             row = {"impl": impl, "mode": name, "bias": with_bias, "m": m, "n": n,
-                                   "k": k, "ab_round": rnd, "median_ms": ms,
-                                   "tflops": flops / (ms * 1e9)}
+                                   "k": k, "ab_round": rnd}
+                            if isinstance(res[impl], Exception):
+                                row["error"] = str(res[impl])
+                            else:
+                                ms = res[impl][0]
+                                row.update(median_ms=ms, tflops=flops / (ms * 1e9))
                             if impl in info:
                                 row.update(info[impl])
                             emit(row)

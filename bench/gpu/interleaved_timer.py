@@ -1,0 +1,104 @@
+"""The GPU timer of the Python harnesses (memory_bound_peers.py, matmul_torch.py): implementations
+timed interleaved in one process, under the same clocks and temperature.
+
+Per call: a ~300 us GPU spin (so that the host has queued the call before the GPU reaches it), the
+L2 flushed by reading 256 MiB, a CUDA event, the call, a CUDA event. Rounds: every impl once per
+round, starting one later each round. Result per impl: median, min and max of its calls in ms.
+
+FUSEBOX_PROFILE_TIMED=1 turns the CUDA profiler on around the timed rounds only (run_device.sh
+peerprof: ncu --profile-from-start off then sees the timed calls alone). trace=True records the
+timed rounds with torch.profiler and prints each kernel's GPU duration and the idle gap before it.
+"""
+import json
+import os
+import statistics
+import tempfile
+
+import torch
+
+PROFILE_TIMED = os.environ.get("FUSEBOX_PROFILE_TIMED") == "1"
+
+
+class Timer:
+    def __init__(self, reps, trace=False):
+        self.reps = reps
+        self.trace = trace
+        self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
+
+    def lead(self):
+        """Before each timed call: a ~300 us spin on the GPU (torch.cuda._sleep, clock cycles), then
+        the L2 flush. While the GPU spins, the host queues the events and the call, so no impl is
+        timed waiting for its own Python launch path. Without it a slow host inflated the medians
+        of the peers with heavy launch paths (torch.compile at bf16 2048x32768 on 2026-12-01: median
+        62.7 us, min 31.9 us), which would have counted for ours."""
+        torch.cuda._sleep(600_000)
+        self.flush.sum()  # 256 MiB read: L2 holds only clean, unrelated lines afterwards
+
+    def time(self, impls, reps=None):
+        """impls: [(name, fn)]. 3 warm-ups each, then `reps` (default: the constructor's) rounds with
+        every impl once per round, starting one later each round; lead() before each call. Returns
+        {name: (median, min, max) in ms, or the exception that the impl raised}."""
+        out, live = {}, []
+        for name, fn in impls:
+            try:
+                for _ in range(3):
+                    self.flush.sum()
+                    fn()
+                torch.cuda.synchronize()
+                live.append((name, fn))
+            except Exception as e:  # an impl that fails is reported, not fatal
+                out[name] = e
+        times = {name: [] for name, _ in live}
+        if PROFILE_TIMED:
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+        prof = None
+        if self.trace:
+            torch.cuda.synchronize()
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            prof.__enter__()
+        for rep in range(self.reps if reps is None else reps):
+            k = rep % max(1, len(live))
+            for name, fn in live[k:] + live[:k]:
+                if name in out:
+                    continue
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self.lead()
+                try:
+                    a.record()
+                    fn()
+                    b.record()
+                except Exception as e:
+                    out[name] = e
+                    continue
+                times[name].append((a, b))
+        torch.cuda.synchronize()
+        if PROFILE_TIMED:
+            torch.cuda.profiler.stop()
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            print_kernel_trace(prof)
+        for name, ev in times.items():
+            if name not in out:
+                t = sorted(a.elapsed_time(b) for a, b in ev)
+                out[name] = (statistics.median(t), t[0], t[-1])
+        return out
+
+
+def print_kernel_trace(prof):
+    """Per kernel name, the median GPU duration of its launches in the timed rounds and the median
+    idle gap before it (its start minus the previous kernel's end: the flush, then the events, then
+    the launch), from the CUDA activity trace (CUPTI timestamps, no replay)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as fh:
+            events = json.load(fh)["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    by_name = {}
+    for prev, k in zip(kernels, kernels[1:]):
+        gap = k["ts"] - (prev["ts"] + prev["dur"])
+        by_name.setdefault(k["name"], []).append((k["dur"], gap))
+    for name, v in sorted(by_name.items()):
+        durs, gaps = sorted(d for d, _ in v), sorted(g for _, g in v)
+        print(f"trace {len(v):4d}x dur med {statistics.median(durs):8.2f} us (min {durs[0]:8.2f}) "
+              f"gap med {statistics.median(gaps):6.2f} us (min {gaps[0]:6.2f})  {name[:110]}", flush=True)
