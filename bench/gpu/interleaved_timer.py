@@ -7,7 +7,9 @@ round, starting one later each round. Result per impl: median, min and max of it
 
 FUSEBOX_PROFILE_TIMED=1 turns the CUDA profiler on around the timed rounds only (run_device.sh
 peerprof: ncu --profile-from-start off then sees the timed calls alone). trace=True records the
-timed rounds with torch.profiler and prints each kernel's GPU duration and the idle gap before it.
+timed rounds with torch.profiler, prints each kernel's GPU duration and the idle gap before it, and
+leaves in Timer.kernel_us each impl's kernel time per call: from its first kernel's start to its
+last kernel's end (CUPTI timestamps), i.e. the event time without the launch latency before it.
 """
 import json
 import os
@@ -24,6 +26,7 @@ class Timer:
         self.reps = reps
         self.trace = trace
         self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
+        self.kernel_us = {}  # trace: name -> (median kernel time per call in us, kernels per call)
 
     def lead(self):
         """Before each timed call: a ~300 us spin on the GPU (torch.cuda._sleep, clock cycles), then
@@ -39,6 +42,7 @@ class Timer:
         every impl once per round, starting one later each round; lead() before each call. Returns
         {name: (median, min, max) in ms, or the exception that the impl raised}."""
         out, live = {}, []
+        self.kernel_us = {}
         for name, fn in impls:
             try:
                 for _ in range(3):
@@ -49,6 +53,7 @@ class Timer:
             except Exception as e:  # an impl that fails is reported, not fatal
                 out[name] = e
         times = {name: [] for name, _ in live}
+        order = []  # the timed calls' names, in launch order (trace)
         if PROFILE_TIMED:
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
@@ -72,12 +77,13 @@ class Timer:
                     out[name] = e
                     continue
                 times[name].append((a, b))
+                order.append(name)
         torch.cuda.synchronize()
         if PROFILE_TIMED:
             torch.cuda.profiler.stop()
         if prof is not None:
             prof.__exit__(None, None, None)
-            print_kernel_trace(prof)
+            self.kernel_us = kernel_trace(prof, order)
         for name, ev in times.items():
             if name not in out:
                 t = sorted(a.elapsed_time(b) for a, b in ev)
@@ -85,10 +91,13 @@ class Timer:
         return out
 
 
-def print_kernel_trace(prof):
-    """Per kernel name, the median GPU duration of its launches in the timed rounds and the median
-    idle gap before it (its start minus the previous kernel's end: the flush, then the events, then
-    the launch), from the CUDA activity trace (CUPTI timestamps, no replay)."""
+def kernel_trace(prof, order):
+    """Prints, per kernel name, the median GPU duration of its launches in the timed rounds and the
+    median idle gap before it (its start minus the previous kernel's end: the flush, then the
+    events, then the launch), from the CUDA activity trace (CUPTI timestamps, no replay). Returns
+    {name: (median us, kernels per call)} of each timed call's kernels: every call is the lead's
+    spin and flush kernels, then the impl's, so the trace splits at the spins, one piece per name
+    in `order` ({} and a warning when the counts disagree)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         with open(f.name) as fh:
@@ -102,3 +111,15 @@ def print_kernel_trace(prof):
         durs, gaps = sorted(d for d, _ in v), sorted(g for _, g in v)
         print(f"trace {len(v):4d}x dur med {statistics.median(durs):8.2f} us (min {durs[0]:8.2f}) "
               f"gap med {statistics.median(gaps):6.2f} us (min {gaps[0]:6.2f})  {name[:110]}", flush=True)
+    spins = [i for i, k in enumerate(kernels) if "spin_kernel" in k["name"]]
+    if len(spins) != len(order):
+        print(f"trace: {len(spins)} spins for {len(order)} timed calls: no per-call kernel times", flush=True)
+        return {}
+    per = {}
+    for j, i in enumerate(spins):
+        mine = kernels[i + 2:spins[j + 1] if j + 1 < len(spins) else len(kernels)]  # after spin, flush
+        if mine:
+            span = max(k["ts"] + k["dur"] for k in mine) - mine[0]["ts"]
+            per.setdefault(order[j], []).append((span, len(mine)))
+    return {name: (statistics.median(s for s, _ in v), statistics.median_low([n for _, n in v]))
+            for name, v in per.items()}

@@ -31,9 +31,10 @@ commit's, say) as "ours@base" (repeatable: "ours@base2", ...), checked and timed
 builds' kernels compared in the same rounds, which a forced choice cannot do when the old kernel
 is gone.
 
---trace also records the timed rounds with torch.profiler (CUDA activity, CUPTI timestamps) and
-prints, per kernel name, the median GPU duration and the median idle gap before it: what the
-events' time splits into. It slows the host side, so the event times of peers with heavy Python
+--trace also records the timed rounds with torch.profiler (CUDA activity, CUPTI timestamps),
+prints, per kernel name, the median GPU duration and the median idle gap before it (what the
+events' time splits into), and adds to each record "kernel_us" (median per call, from the impl's
+first kernel's start to its last kernel's end) and "kernels" (kernels per call). It slows the host side, so the event times of peers with heavy Python
 launch paths (torch.compile) are not comparable in that mode. --shape ROWSxCOLS (repeatable)
 replaces the issue's softmax / row-sum shapes, e.g. for one wave or a few microseconds of work.
 
@@ -277,6 +278,8 @@ def main():
         gbps = nbytes / (ms * 1e6) if ms > 0 else 0.0
         recs.append(dict(op=op, dtype=dtype, rows=rows, cols=cols, impl=impl, desc=desc, bytes=nbytes, ms=ms,
                          ms_min=lo, ms_max=hi, gbps=gbps, error=err))
+        if impl in timer.kernel_us:  # --trace: kernel time per call (no launch latency)
+            recs[-1]["kernel_us"], recs[-1]["kernels"] = timer.kernel_us[impl]
         print(f"{op:8s} {dtype:9s} {rows:7d}x{cols:<8d} {impl:14s} {ms:9.4f} ms {gbps:8.1f} GB/s "
               f"[{time.time() - t0:5.0f}s] {err}", flush=True)
         return gbps

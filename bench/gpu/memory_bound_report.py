@@ -15,7 +15,13 @@ in-process "ours" with an error (e.g. its output disagreed with torch eager) is 
 fallback. The Markdown header says which numbers the verdict used. Writes the table as Markdown
 and all rows as JSON (each record with "source": "cpp" or "peers"); prints the table last.
 
+--trace TRACE.json (memory_bound_peers.py --trace, a second pass in the same session) adds the
+kernel times (CUPTI, without the ~3 us of launch latency that every event-timed call carries):
+ours and the verdict's best peer in us, their ratio, and ours against the ceiling's kernel time
+as a fraction. A diagnosis beside the verdict, which stays on the event times.
+
 usage: memory_bound_report.py OURS.json PEERS.json --md OUT.md --json OUT.json [--commit HASH] [--date D]
+                              [--trace TRACE.json]
 """
 import argparse
 import json
@@ -35,6 +41,7 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--commit", default="")
     ap.add_argument("--date", default="")
+    ap.add_argument("--trace", help="memory_bound_peers.py --trace JSON: kernel-time columns")
     args = ap.parse_args()
     ours = json.load(open(args.ours))
     peers = json.load(open(args.peers))
@@ -53,6 +60,21 @@ def main():
             ceil[r["op"]] = r["gbps"]
     key = lambda r: (r["op"], r["dtype"], r["rows"], r["cols"])  # noqa: E731
     inproc = {key(r): r for r in peers["records"] if r["impl"] == "ours"}
+    traced = {}  # key + (impl,) -> record with kernel_us
+    if args.trace:
+        for r in json.load(open(args.trace))["records"]:
+            if r.get("kernel_us") and not r.get("error"):
+                traced[key(r) + (r["impl"],)] = r
+    ceil_k = {op: r for (op, _, _, _, _), r in traced.items() if op.startswith("ceiling")}
+
+    def kernel_cols(k, best, cname):
+        """Kernel us of ours and of the best peer, their ratio, ours' bandwidth by kernel time over
+        the ceiling's ("" each where not traced)."""
+        mk, pk = traced.get(k + ("ours",)), traced.get(k + (best["impl"],)) if best else None
+        ck = ceil_k.get(cname)
+        ratio = pk["kernel_us"] / mk["kernel_us"] if mk and pk else None
+        frac = (mk["bytes"] / mk["kernel_us"]) / (ck["bytes"] / ck["kernel_us"]) if mk and ck else None
+        return (mk["kernel_us"] if mk else None, pk["kernel_us"] if pk else None, ratio, frac)
 
     keys = []
     for r in ours["records"] + peers["records"]:
@@ -61,6 +83,9 @@ def main():
     rows_out = []
     lines = ["| op | dtype | shape | ours GB/s | % ceiling | best peer | peer GB/s | ours/peer | target | "
              "ours C++ GB/s | fastest variant (C++) | repeat spread (C++) |", "|" + "---|" * 12]
+    if traced:
+        lines[0] += " kernel us ours / peer | kernel ours/peer | kernel % ceiling |"
+        lines[1] += "---|" * 3
     passes = used_inproc = 0
     for k in keys:
         op, dt, rows, cols = k
@@ -97,6 +122,11 @@ def main():
                      f"{best['gbps'] if best else 0:.0f} | {ratio:.3f} | {verdict} "
                      f"(>={ratio_t:.2f}x, >={100 * frac_t:.0f}%) | {cpp_g} | {fv} | "
                      f"{'-' if spread is None else f'{100 * spread:.1f}%'} |")
+        mk, pk, kratio, kfrac = kernel_cols(k, best, cname)
+        if traced:
+            f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
+            lines[-1] += (f" {f(mk, '.2f')} / {f(pk, '.2f')} | {f(kratio, '.3f')} | "
+                          f"{'-' if kfrac is None else f'{100 * kfrac:.1f}%'} |")
         rows_out.append(dict(op=op, dtype=dt, rows=rows, cols=cols, ours_gbps=g,
                              ours_source=mine["source"] if mine else None, ours_error=wrong,
                              ours_desc=mine["desc"] if mine else "",
@@ -105,7 +135,9 @@ def main():
                              best_peer_gbps=best["gbps"] if best else 0.0, ratio_to_best_peer=ratio,
                              target_ratio=ratio_t, target_fraction=frac_t, passed=ok,
                              fastest_variant=fastest["impl"] if fastest else None,
-                             fastest_variant_gbps=fastest["gbps"] if fastest else 0.0, repeat_spread=spread))
+                             fastest_variant_gbps=fastest["gbps"] if fastest else 0.0, repeat_spread=spread,
+                             ours_kernel_us=mk, best_peer_kernel_us=pk, kernel_ratio_to_best_peer=kratio,
+                             kernel_fraction_of_ceiling=kfrac))
     if used_inproc == len(keys):
         numbers = ("ours as timed in-process by memory_bound_peers.py (libfusebox_memory_bound_capi via ctypes), "
                    "interleaved with the peers; 'ours C++' = memory_bound_bench.cc (another process), a cross-check")
@@ -120,6 +152,10 @@ def main():
             "Ceilings (GB/s, same run): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(ceil.items())),
             f"Method: C++ bench: {ours.get('method')}. Peers: {peers.get('method')}",
             f"Verdict numbers: {numbers}", f"Targets met: {passes} of {len(keys)}", ""]
+    if traced:
+        head[-1:-1] = ["Kernel columns: a second, traced pass (memory_bound_peers.py --trace): per call the time "
+                       "from the impl's first kernel's start to its last kernel's end (CUPTI), medians; the "
+                       "ceiling's the same way. A diagnosis, not the verdict."]
     text = "\n".join(head + lines) + "\n"
     with open(args.md, "w") as fh:
         fh.write(text)

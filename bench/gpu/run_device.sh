@@ -7,8 +7,10 @@
 #   bench     memory-bound benchmark (C++: ours + forced variants), then memory_bound_peers.py:
 #             ours (libfusebox_memory_bound_capi.so via ctypes, checked against torch eager) and
 #             the peers (torch eager, torch.compile, Triton) timed interleaved in one process,
-#             and the ceilings; then the verdict table (from the in-process numbers)     ~2-3 min
-#   quick     bench without torch.compile and without our variants                  ~1 min
+#             and the ceilings; then the same again traced (--trace: kernel times without the
+#             launch latency); then the verdict table (from the untraced in-process numbers)
+#             with the kernel-time columns from the traced pass                          ~3-4 min
+#   quick     bench without torch.compile, without our variants and without the trace  ~1 min
 #   ab        in-process A/B: memory_bound_peers.py with the flags in AB (--only CASE,
 #             --variant CASE:key=v,...), e.g. AB="--variant softmax:bfloat16:65536x1024:exp_once=1";
 #             with the bundle's libfusebox_memory_bound_capi_base.so (BASELINE=<rev> device_all.sh)
@@ -17,8 +19,8 @@
 #             PEERPROF ("op:dtype:RxC ..."), run inside memory_bound_peers.py; torch.compile's
 #             generated code goes to inductor.log; PEERPROF_ARGS: more flags (e.g. --variant ...);
 #             PEERPROF_METRICS: extra ncu metrics (comma-separated), printed per kernel
-# Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, report.md, results.json
-# under $OUT; prints the verdict table last.
+# Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, trace.json, report.md,
+# results.json under $OUT; prints the verdict table last.
 # usage: COMMIT=<hash> BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh [test] [sanitize]
 #        [bench|quick] [ours] [ab] [profile] [peerprof]
 set -u -o pipefail
@@ -72,8 +74,14 @@ for step in $steps; do
     [[ $step == quick ]] && pextra=(--quick)
     python3 "$B/bin/memory_bound_peers.py" --json "$OUT/peers.json" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
       "${pextra[@]}" 2>&1 | tee -a "$OUT/bench.log" | tail -n 4
+    rextra=()
+    if [[ $step == bench ]]; then
+      echo "== traced pass (kernel times)" | tee -a "$OUT/bench.log"
+      python3 "$B/bin/memory_bound_peers.py" --json "$OUT/trace.json" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
+        --trace >>"$OUT/bench.log" 2>&1 && rextra=(--trace "$OUT/trace.json") || status=1
+    fi
     python3 "$B/bin/memory_bound_report.py" "$OUT/ours.json" "$OUT/peers.json" --md "$OUT/report.md" \
-      --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" || status=1
+      --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" "${rextra[@]}" || status=1
     ;;
   ours)  # our kernels and all forced variants only (no peers): a tuning run
     echo "== ours"
