@@ -102,7 +102,9 @@ def kernel_trace(prof, order):
         prof.export_chrome_trace(f.name)
         with open(f.name) as fh:
             events = json.load(fh)["traceEvents"]
-    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    # Kernels, and the copies and fills that run as DMA (torch's contiguous copy_: cudaMemcpyAsync).
+    kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                     key=lambda e: e["ts"])
     by_name = {}
     for prev, k in zip(kernels, kernels[1:]):
         gap = k["ts"] - (prev["ts"] + prev["dur"])

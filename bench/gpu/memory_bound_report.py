@@ -18,7 +18,8 @@ and all rows as JSON (each record with "source": "cpp" or "peers"); prints the t
 --trace TRACE.json (memory_bound_peers.py --trace, a second pass in the same session) adds the
 kernel times (CUPTI, without the ~3 us of launch latency that every event-timed call carries):
 ours and the verdict's best peer in us, their ratio, and ours against the ceiling's kernel time
-as a fraction. A diagnosis beside the verdict, which stays on the event times.
+as a fraction (above 100% where our kernel reads faster than torch.sum's reduction, the read
+ceiling). A diagnosis beside the verdict, which stays on the event times.
 
 usage: memory_bound_report.py OURS.json PEERS.json --md OUT.md --json OUT.json [--commit HASH] [--date D]
                               [--trace TRACE.json]
@@ -155,7 +156,8 @@ def main():
     if traced:
         head[-1:-1] = ["Kernel columns: a second, traced pass (memory_bound_peers.py --trace): per call the time "
                        "from the impl's first kernel's start to its last kernel's end (CUPTI), medians; the "
-                       "ceiling's the same way. A diagnosis, not the verdict."]
+                       "ceiling's the same way (torch.sum for the read ceiling, which our row sums can outrun). A "
+                       "diagnosis, not the verdict."]
     text = "\n".join(head + lines) + "\n"
     with open(args.md, "w") as fh:
         fh.write(text)
