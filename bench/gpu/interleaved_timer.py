@@ -119,7 +119,10 @@ def kernel_trace(prof, order):
         return {}
     per = {}
     for j, i in enumerate(spins):
-        mine = kernels[i + 2:spins[j + 1] if j + 1 < len(spins) else len(kernels)]  # after spin, flush
+        fl = i + 1  # the flush's kernel (a memset may come before it)
+        while fl < len(kernels) and kernels[fl].get("cat") != "kernel":
+            fl += 1
+        mine = kernels[fl + 1:spins[j + 1] if j + 1 < len(spins) else len(kernels)]
         if mine:
             span = max(k["ts"] + k["dur"] for k in mine) - mine[0]["ts"]
             per.setdefault(order[j], []).append((span, len(mine)))
