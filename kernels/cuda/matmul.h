@@ -77,7 +77,7 @@ enum class LtAlgoPolicy {
   // pick (fp16/bf16 in run 4) this is exactly kFirstPick. Different: both are
   // timed once on the call's own buffers and stream (one warm-up each, then 3
   // rounds alternating large, small; CUDA events around each launch, each
-  // after a 64 MiB memset that pushes the operands out of L2, as the
+  // after a 64 MiB read that pushes the operands out of L2, as the
   // benchmarks time them), and the 1 MiB pick is cached
   // only if its median is at least 2% below the large pick's; otherwise, and
   // whenever the timing fails, the large pick. Run 4 on the H200: each of the

@@ -10,7 +10,7 @@
 // workspace size, policy) and cached; then one cublasLtMatmul launch. The
 // default policy (two picks) asks the heuristic twice on a miss (32 MiB and
 // 1 MiB preference) and, only where the answers differ, times both: 2 warm-ups
-// + 6 launches, each after a 64 MiB L2-flushing memset, + one wait, once per
+// + 6 launches, each after a 64 MiB L2-flushing read, + one wait, once per
 // key and device, i.e. ~8x the kernel's time
 // (tf32 64x4096x4096: ~0.3 ms; fp32 exact 4096^3: ~20 ms; 8192^3: ~0.2 s).
 // Optionally (kAutotune), problems of >= 8 GFLOP time the
@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
 
 namespace fusebox::cuda {
@@ -170,11 +171,16 @@ constexpr float kSmallPickMinGain = 0.02f;
 // Events: a start and an end around each of the 2 x kPickRounds timed launches of
 // the two picks; autotune uses 2.
 constexpr int kNumEvents = 4 * kPickRounds;
-// Two picks: bytes written before each timed launch to push the operands out of
+// Two picks: bytes read before each timed launch to push the operands out of
 // L2 (50 MB on the H100 / H200), so that the picks are compared as the
 // benchmarks compare them: on operands read from HBM (run 5: on 64x4096x4096
-// TF32 the warm-L2 timing kept the pick that is 4% slower cold).
+// TF32 the warm-L2 timing kept the pick that is 4% slower cold). Read, not
+// written: a memset left up to 50 MB of dirty lines that the timed launch then
+// wrote back (run 7: it made the 1 MiB pick "win" on 64x4096x4096 TF32 without
+// bias, 8% slower in the benchmark). The read is our row sum over
+// kPickFlushRows rows of floats, into a small tail of the same buffer.
 constexpr size_t kPickFlushBytes = size_t{64} << 20;
+constexpr int64_t kPickFlushRows = 1024;
 
 // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
 uint64_t AlgoHash(const cublasLtMatmulAlgo_t& algo) {
@@ -413,9 +419,10 @@ absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
 }
 
 // Times the two picks on the call's buffers and stream: one warm-up each, then
-// kPickRounds rounds of (large, small), each launch after a 64 MiB memset of a
-// scratch buffer (L2 flush; the scratch comes from the stream-ordered pool
-// and goes back after; without it the picks are timed on a warm L2) and
+// kPickRounds rounds of (large, small), each launch after a 64 MiB read of a
+// scratch buffer (L2 flush; the scratch comes from the stream-ordered pool,
+// is zeroed once and goes back after; without it the picks are timed on a
+// warm L2) and
 // between its own start and end events; one wait at the end. args.out is
 // written by every launch and then again by the real one. Any failure: false,
 // and the error it left is cleared (a sticky error would still fail the real
@@ -426,13 +433,21 @@ bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
                                cudaStream_t stream, float* large_ms, float* small_ms) {
   cudaEvent_t* ev = impl_->events;
   void* scratch = nullptr;
-  if (cudaMallocAsync(&scratch, kPickFlushBytes, stream) != cudaSuccess) {
+  const size_t scratch_bytes = kPickFlushBytes + kPickFlushRows * sizeof(float);
+  if (cudaMallocAsync(&scratch, scratch_bytes, stream) != cudaSuccess ||
+      cudaMemsetAsync(scratch, 0, scratch_bytes, stream) != cudaSuccess) {
     cudaGetLastError();
+    if (scratch != nullptr) cudaFreeAsync(scratch, stream);
     scratch = nullptr;
   }
+  float* sums = scratch ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kPickFlushBytes) : nullptr;
+  auto flush = [&] {
+    return scratch == nullptr || LaunchRowSum(DType::kFloat32, scratch, sums, kPickFlushRows,
+                                              kPickFlushBytes / sizeof(float) / kPickFlushRows, stream) == cudaSuccess;
+  };
   // Launch i of the timed ones (even: large, odd: small) between ev[2i] and ev[2i + 1].
   auto timed = [&](int i, const cublasLtMatmulAlgo_t& algo, size_t ws) {
-    return (scratch == nullptr || cudaMemsetAsync(scratch, i, kPickFlushBytes, stream) == cudaSuccess) &&
+    return flush() &&
            cudaEventRecord(ev[2 * i], stream) == cudaSuccess && Launch(args, plan, algo, ws, stream).ok() &&
            cudaEventRecord(ev[2 * i + 1], stream) == cudaSuccess;
   };
