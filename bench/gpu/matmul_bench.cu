@@ -98,8 +98,8 @@ struct Shape {
 class Timer {
  public:
   Timer() {
-    CHECK_CUDA(cudaMalloc(&flush_, kFlushBytes + kFlushRows * sizeof(float)));
-    CHECK_CUDA(cudaMemset(flush_, 0, kFlushBytes + kFlushRows * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(&flush_, kFlushBytes + kSumsBytes));
+    CHECK_CUDA(cudaMemset(flush_, 0, kFlushBytes + kSumsBytes));
     CHECK_CUDA(cudaEventCreate(&a_));
     CHECK_CUDA(cudaEventCreate(&b_));
   }
@@ -133,15 +133,14 @@ class Timer {
   }
 
  private:
-  // Reads 256 MiB (our row sum, into a tail of the same buffer): evicts the operands from L2
+  // Reads 256 MiB (fc::FlushL2, into a tail of the same buffer): evicts the operands from L2
   // without leaving dirty lines for the timed launch to write back, as a memset did.
   void Flush() {
     float* sums = reinterpret_cast<float*>(static_cast<char*>(flush_) + kFlushBytes);
-    CHECK_CUDA(fc::LaunchRowSum(DType::kFloat32, flush_, sums, kFlushRows,
-                                kFlushBytes / sizeof(float) / kFlushRows, nullptr));
+    CHECK_CUDA(fc::FlushL2(flush_, kFlushBytes, sums, nullptr));
   }
   static constexpr size_t kFlushBytes = size_t{256} << 20;
-  static constexpr int64_t kFlushRows = 1024;
+  static constexpr size_t kSumsBytes = kFlushBytes / fc::kFlushRowBytes * sizeof(float);
   void* flush_ = nullptr;
   cudaEvent_t a_, b_;
 };

@@ -39,7 +39,7 @@ class Timer {
  public:
   Timer(cudaStream_t s, int reps) : s_(s), reps_(reps) {
     CHECK_CUDA(cudaMalloc(&flush_, kFlushBytes));
-    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&flush_out_), 1024 * sizeof(float)));
+    CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&flush_out_), kFlushBytes / cuda::kFlushRowBytes * sizeof(float)));
     CHECK_CUDA(FillUniform(DType::kFloat32, flush_, kFlushBytes / 4, -1.f, 1.f, 7, s_));
     start_.resize(reps);
     stop_.resize(reps);
@@ -48,8 +48,9 @@ class Timer {
       CHECK_CUDA(cudaEventCreate(&stop_[i]));
     }
   }
-  // Reads 256 MiB: evicts whatever the previous launch left in L2 without leaving dirty lines.
-  void Flush() { CHECK_CUDA(cuda::LaunchRowSum(DType::kFloat32, flush_, flush_out_, 1024, 65536, s_)); }
+  // Reads 256 MiB with plain loads: evicts whatever the previous launch left in L2 without leaving
+  // dirty lines (cuda::FlushL2).
+  void Flush() { CHECK_CUDA(cuda::FlushL2(flush_, kFlushBytes, flush_out_, s_)); }
 
   // Returns false (and the error) when the launch fails.
   bool Time(const std::function<cudaError_t()>& fn, Record* r) {

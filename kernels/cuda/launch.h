@@ -43,6 +43,12 @@ cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int
                           cudaStream_t s, Workspace ws = {});
 cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols,
                          cudaStream_t s);
+// Evicts L2 for timing: reads `bytes` (a multiple of kFlushRowBytes) of `buf` with plain loads
+// (a row sum over rows of kFlushRowBytes) and writes bytes / kFlushRowBytes floats to `sums`.
+// Plain, not evict-first: evict-first lines replace one another and leave older lines in L2.
+// Leaves no dirty lines for the timed launch to write back (as a memset would).
+constexpr int64_t kFlushRowBytes = int64_t{64} << 10;
+cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s);
 
 // ---- Tuning hooks (benchmarks and tests only; the plain launchers use the automatic choice) ----
 // Forces parts of the kernel choice; 0 means "automatic". Values the build has no kernel for give

@@ -177,10 +177,9 @@ constexpr int kNumEvents = 4 * kPickRounds;
 // TF32 the warm-L2 timing kept the pick that is 4% slower cold). Read, not
 // written: a memset left up to 50 MB of dirty lines that the timed launch then
 // wrote back (run 7: it made the 1 MiB pick "win" on 64x4096x4096 TF32 without
-// bias, 8% slower in the benchmark). The read is our row sum over
-// kPickFlushRows rows of floats, into a small tail of the same buffer.
+// bias, 8% slower in the benchmark). The read is FlushL2, into a small tail of
+// the same buffer.
 constexpr size_t kPickFlushBytes = size_t{64} << 20;
-constexpr int64_t kPickFlushRows = 1024;
 
 // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
 uint64_t AlgoHash(const cublasLtMatmulAlgo_t& algo) {
@@ -433,7 +432,7 @@ bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
                                cudaStream_t stream, float* large_ms, float* small_ms) {
   cudaEvent_t* ev = impl_->events;
   void* scratch = nullptr;
-  const size_t scratch_bytes = kPickFlushBytes + kPickFlushRows * sizeof(float);
+  const size_t scratch_bytes = kPickFlushBytes + kPickFlushBytes / kFlushRowBytes * sizeof(float);
   if (cudaMallocAsync(&scratch, scratch_bytes, stream) != cudaSuccess ||
       cudaMemsetAsync(scratch, 0, scratch_bytes, stream) != cudaSuccess) {
     cudaGetLastError();
@@ -442,8 +441,7 @@ bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
   }
   float* sums = scratch ? reinterpret_cast<float*>(static_cast<char*>(scratch) + kPickFlushBytes) : nullptr;
   auto flush = [&] {
-    return scratch == nullptr || LaunchRowSum(DType::kFloat32, scratch, sums, kPickFlushRows,
-                                              kPickFlushBytes / sizeof(float) / kPickFlushRows, stream) == cudaSuccess;
+    return scratch == nullptr || FlushL2(scratch, kPickFlushBytes, sums, stream) == cudaSuccess;
   };
   // Launch i of the timed ones (even: large, odd: small) between ev[2i] and ev[2i + 1].
   auto timed = [&](int i, const cublasLtMatmulAlgo_t& algo, size_t ws) {

@@ -353,6 +353,14 @@ cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int
   return LaunchRowSumWith(KernelChoice{}, dt, in, out, rows, cols, s);
 }
 
+cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s) {
+  if (bytes <= 0 || bytes % kFlushRowBytes != 0) return cudaErrorInvalidValue;
+  KernelChoice plain;
+  plain.streaming = -1;
+  return LaunchRowSumWith(plain, DType::kFloat32, buf, sums, bytes / kFlushRowBytes,
+                          kFlushRowBytes / static_cast<int64_t>(sizeof(float)), s);
+}
+
 void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const KernelChoice& k, char* buf,
                     int len) {
   Plan p;

@@ -623,6 +623,31 @@ TEST_P(MemoryBound, BenchmarkVariants) {
   }
 }
 
+// The benchmarks' L2 flush (FlushL2): every row of the buffer summed, nothing past the sums written,
+// sizes that are not whole rows refused.
+TEST(TimingFlush, FlushL2SumsEveryRowAndRefusesPartialRows) {
+  REQUIRE_GPU();
+  const int64_t rows = 3, row_floats = cuda::kFlushRowBytes / 4;
+  std::vector<float> host(rows * row_floats, 0.5f);
+  for (int64_t c = 0; c < row_floats; ++c) host[row_floats + c] = (c % 2) ? 1.0f : -1.0f;
+  DeviceBuffer buf(rows * cuda::kFlushRowBytes), sums((rows + 1) * sizeof(float));
+  ASSERT_EQ(buf.status(), cudaSuccess);
+  ASSERT_EQ(sums.status(), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(buf.get(), host.data(), rows * cuda::kFlushRowBytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(sums.get(), 0xFF, (rows + 1) * sizeof(float)), cudaSuccess);  // NaN
+  float* out = reinterpret_cast<float*>(sums.get());
+  ASSERT_EQ(cuda::FlushL2(buf.get(), rows * cuda::kFlushRowBytes, out, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  float got[4];
+  ASSERT_EQ(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(got[0], 0.5f * row_floats);
+  EXPECT_EQ(got[1], 0.0f);
+  EXPECT_EQ(got[2], 0.5f * row_floats);
+  EXPECT_TRUE(std::isnan(got[3]));
+  EXPECT_EQ(cuda::FlushL2(buf.get(), cuda::kFlushRowBytes + 16, out, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::FlushL2(buf.get(), 0, out, nullptr), cudaErrorInvalidValue);
+}
+
 // ---- More than 2^31 elements (64-bit indexing): inputs filled on the device with one value,
 // outputs checked on the device. bfloat16 only (4 GiB per tensor); not for the sanitizer runs.
 constexpr uint16_t kFillBits = 0x3F3F;  // bfloat16 0.74609375, from a memset of 0x3F bytes
