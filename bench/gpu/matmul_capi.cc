@@ -1,5 +1,5 @@
 // A C entry point to our matmul+ReLU for matmul_torch.py (ctypes), so that our
-// kernels and the torch peers are timed by the same harness (do_bench), on the
+// kernels and the torch peers are timed by the same harness (interleaved_timer.py), on the
 // same tensors, interleaved in one process: no ordering or thermal bias
 // between two programs. Benchmark-only; the server never loads this.
 //

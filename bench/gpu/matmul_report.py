@@ -73,7 +73,8 @@ def algo_field(a, name):
 
 def choice_report(py):
     """The default runner's choice per main-pass case: whether the 32 MiB and 1 MiB picks agreed
-    and, where they differed, the timed medians (warm L2) and which one it kept."""
+    and, where they differed, the timed medians (3 rounds, L2 flushed by a read) and which one it
+    kept."""
     rows = sorted((r for r in py.values() if r["impl"] == "cublaslt" and r.get("algo")),
                   key=lambda r: (r["m"] * r["n"] * r["k"], (r["m"], r["n"], r["k"]),
                                  MODES.index(r["mode"]), not r["bias"]))
@@ -81,7 +82,8 @@ def choice_report(py):
         return
     print()
     print("## Our default cuBLASLt runner's choice (two picks: the heuristic's first pick for 32 MiB "
-          "and for 1 MiB of workspace; timed once, warm L2, where they differ)")
+          "and for 1 MiB of workspace; where they differ, timed once per key: 3 rounds, each launch "
+          "after a 64 MiB read that flushes L2; the 1 MiB pick only if >= 2% faster)")
     print()
     print("| MxNxK | dtype | bias | choice | 32 MiB pick ms | 1 MiB pick ms | 1 MiB vs 32 MiB |")
     print("|---|---|---|---|---|---|---|")
