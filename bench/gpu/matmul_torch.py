@@ -248,6 +248,8 @@ def main():
                         vs.append((impl, run, lt_code))
                         print(f"{m}x{n}x{k} {name} bias={with_bias} {impl}: {meta['algo']}",
                               file=sys.stderr)
+                    if not vs:  # every runner refused this case (rows with "error" above)
+                        continue
                     per_round = rounds_for(vs[0][1], args.ab_rep, AB_ROUNDS_PER_ROUND)
                     for rnd in range(args.ab_rounds):
                         res = timer.time([(impl, run) for impl, run, _ in vs], per_round)

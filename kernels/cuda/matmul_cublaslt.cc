@@ -421,11 +421,10 @@ absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
 // kPickRounds rounds of (large, small), each launch after a 64 MiB read of a
 // scratch buffer (L2 flush; the scratch comes from the stream-ordered pool,
 // is zeroed once and goes back after; without it the picks are timed on a
-// warm L2) and
-// between its own start and end events; one wait at the end. args.out is
-// written by every launch and then again by the real one. Any failure: false,
-// and the error it left is cleared (a sticky error would still fail the real
-// launch, which reports it).
+// warm L2) and between its own start and end events; one wait at the end.
+// args.out is written by every launch and then again by the real one. Any
+// failure: false, and the error it left is cleared (a sticky error would still
+// fail the real launch, which reports it).
 bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
                                const cublasLtMatmulAlgo_t& large, size_t large_ws,
                                const cublasLtMatmulAlgo_t& small, size_t small_ws,
