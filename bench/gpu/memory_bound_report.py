@@ -70,7 +70,7 @@ def main():
 
     def kernel_cols(k, best, cname):
         """Kernel us of ours and of the best peer, their ratio, ours' bandwidth by kernel time over
-        the ceiling's ("" each where not traced)."""
+        the ceiling's (None each where not traced)."""
         mk, pk = traced.get(k + ("ours",)), traced.get(k + (best["impl"],)) if best else None
         ck = ceil_k.get(cname)
         ratio = pk["kernel_us"] / mk["kernel_us"] if mk and pk else None
