@@ -34,8 +34,9 @@ is gone.
 --trace also records the timed rounds with torch.profiler (CUDA activity, CUPTI timestamps),
 prints, per kernel name, the median GPU duration and the median idle gap before it (what the
 events' time splits into), and adds to each record "kernel_us" (median per call, from the impl's
-first kernel's start to its last kernel's end) and "kernels" (kernels per call). It slows the host side, so the event times of peers with heavy Python
-launch paths (torch.compile) are not comparable in that mode. --shape ROWSxCOLS (repeatable)
+first kernel's start to its last kernel's end) and "kernels" (kernels per call). It slows the
+host side, so the event times of peers with heavy Python launch paths (torch.compile) are not
+comparable in that mode. --shape ROWSxCOLS (repeatable)
 replaces the issue's softmax / row-sum shapes, e.g. for one wave or a few microseconds of work.
 
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]

@@ -114,10 +114,20 @@ __device__ __forceinline__ typename Pack<T, W>::Raw PackFloats(const float (&f)[
 }
 
 // Loads: "stream" = read once (evict-first in L1 and L2); "keep" = will be read again soon.
+// 8-byte stream loads (the row sum's) carry an L2 evict-first cache policy, as torch.compile's
+// row sum does; the policy is a constant the compiler keeps in a register.
 template <typename R>
 __device__ __forceinline__ R LoadStream(const R* p) {
   if constexpr (std::is_same_v<R, uint4>) {
     return __ldcs(p);
+  } else if constexpr (std::is_same_v<R, uint2>) {
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    uint2 r;
+    asm("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(r.x), "=r"(r.y)
+        : "l"(p), "l"(policy));
+    return r;
   } else if constexpr (std::is_same_v<R, float>) {
     return __ldcs(p);
   } else {  // __half / __nv_bfloat16: 16-bit load
@@ -126,17 +136,6 @@ __device__ __forceinline__ R LoadStream(const R* p) {
     *reinterpret_cast<unsigned short*>(&r) = u;
     return r;
   }
-}
-// 8 bytes read once, evict-first in L1 and, through an L2 cache policy, in L2 (the load
-// torch.compile's row sum uses; the policy is a constant the compiler keeps in a register).
-__device__ __forceinline__ uint2 LoadEvictFirst(const uint2* p) {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  uint2 r;
-  asm("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
-      : "=r"(r.x), "=r"(r.y)
-      : "l"(p), "l"(policy));
-  return r;
 }
 template <typename R>
 __device__ __forceinline__ R LoadKeep(const R* p) {

@@ -42,16 +42,6 @@ __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
   return s;
 }
 
-// Cs: evict-first loads (8-byte ones also with the L2 evict-first policy), else plain.
-template <bool Cs, typename R>
-__device__ __forceinline__ R LoadFirst(const R* p) {
-  if constexpr (Cs && std::is_same_v<R, uint2>) {
-    return LoadEvictFirst(p);
-  } else {
-    return LoadHint(Cs, p);
-  }
-}
-
 // Sums accesses first, first + step, ... < n of src, U loads in flight; Cs: .cs (evict-first)
 // loads, else plain (a constant, so LoadHint folds). Inlined, so a constant `step` folds into the
 // addresses.
@@ -63,7 +53,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   for (; a + (U - 1) * step < n; a += U * step) {
     R x[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) x[u] = LoadFirst<Cs>(src + a + u * step);
+    for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + a + u * step);
     // Element-wise over the batch, last access first: fp32 262144x128 +4.6% against each access
     // summed in load order (ptxas orders the loads by its register target either way; NOTES.md
     // run 23).
@@ -85,7 +75,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
     R x[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (a + u * step < n) x[u] = LoadFirst<Cs>(src + a + u * step);
+      if (a + u * step < n) x[u] = LoadHint(Cs, src + a + u * step);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
