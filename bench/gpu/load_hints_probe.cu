@@ -1,0 +1,390 @@
+// Load-instruction and carveout probe for the read-bound row sums (NOTES.md run 32): the same
+// row-sum kernel shapes as rowsum.cu's defaults, built once per flavour of the 16-byte global load
+// (cache operator, L1 / L2 eviction priority, L2 prefetch size), the `.cs` one also with three
+// preferred shared-memory carveouts, plus torch.compile's 8-byte geometry; timed interleaved in
+// one process. Diagnostic only: nothing the server runs. Standalone (cudart only), so it can be
+// carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/load_hints_probe).
+//
+// Method (as memory_bound_peers.py): per round and flavour a ~100 us GPU spin (the host queues the
+// rest meanwhile), a 256 MiB plain read (L2 flush), then events around the kernel; flavours in a
+// rotating order; medians. Every flavour's sums are checked against an fp64 CPU sum first (output
+// poisoned with NaN), and an empty kernel gives the fixed cost of an event-timed launch.
+// Cost: reads the input once per call; the flush reads 256 MiB per call.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x)                                                                          \
+  do {                                                                                 \
+    cudaError_t e_ = (x);                                                              \
+    if (e_ != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                    \
+    }                                                                                  \
+  } while (0)
+
+namespace {
+
+enum Flavor { kCs, kCs256, kNcNa, kNcNa256, kPlain, kPlain256, kEfPolicy, kEfPolicy256, kLu };
+
+#define LD4(INSN) asm(INSN " {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p))
+#define LD4P(INSN) \
+  asm(INSN " {%0,%1,%2,%3}, [%4], %5;" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol))
+
+template <int F>
+__device__ __forceinline__ uint4 Ld(const uint4* p) {
+  uint4 r;
+  if constexpr (F == kCs) LD4("ld.global.cs.v4.u32");
+  if constexpr (F == kCs256) LD4("ld.global.cs.L2::256B.v4.u32");
+  if constexpr (F == kNcNa) LD4("ld.global.nc.L1::no_allocate.v4.u32");
+  if constexpr (F == kNcNa256) LD4("ld.global.nc.L1::no_allocate.L2::256B.v4.u32");
+  if constexpr (F == kPlain) LD4("ld.global.v4.u32");
+  if constexpr (F == kPlain256) LD4("ld.global.L2::256B.v4.u32");
+  if constexpr (F == kEfPolicy || F == kEfPolicy256) {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    if constexpr (F == kEfPolicy) LD4P("ld.global.L1::evict_first.L2::cache_hint.v4.u32");
+    if constexpr (F == kEfPolicy256) LD4P("ld.global.L1::evict_first.L2::cache_hint.L2::256B.v4.u32");
+  }
+  if constexpr (F == kLu) LD4("ld.global.lu.v4.u32");
+  return r;
+}
+
+template <bool Bf16>
+__device__ __forceinline__ float Sum(const uint4& x) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (Bf16) {
+      s += __uint_as_float(w[i] << 16) + __uint_as_float(w[i] & 0xffff0000u);
+    } else {
+      s += __uint_as_float(w[i]);
+    }
+  }
+  return s;
+}
+
+__device__ __forceinline__ float WarpSum(float s, int width) {
+  for (int o = width / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
+// One block of T threads per row of nacc 16-byte accesses (nacc a multiple of U x T), U loads in
+// flight per thread: rowsum.cu's RowSumChunkKernel without the cluster or the tail.
+template <int F, bool Bf16, int U, int T, int Tag = 0>
+__global__ __launch_bounds__(T, U <= 4 ? 2048 / T : 1) void LongRows(const uint4* in, float* out, int nacc) {
+  __shared__ float part[T / 32];
+  const uint4* src = in + static_cast<int64_t>(blockIdx.x) * nacc;
+  float acc = 0.f;
+  for (int a = threadIdx.x; a < nacc; a += U * T) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) x[u] = Ld<F>(src + a + u * T);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc += Sum<Bf16>(x[u]);
+  }
+  acc = WarpSum(acc, 32);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < T / 32; ++w) s += part[w];
+    out[blockIdx.x] = s;
+  }
+}
+
+// Short rows of 16 accesses (bf16 x 128): 8 lanes per row, 2 loads each, 256-thread blocks
+// (rowsum.cu's RowSumSmallKernel<bf16, 8, cs, 8, 4> for this shape).
+template <int F, int Tag = 0>
+__global__ __launch_bounds__(256) void ShortRows(const uint4* in, float* out, int64_t rows) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 32 + (threadIdx.x >> 3);
+  const int lane = threadIdx.x & 7;
+  float s = 0.f;
+  if (row < rows) {
+    const uint4* src = in + row * 16;
+    const uint4 a = Ld<F>(src + lane), b = Ld<F>(src + lane + 8);
+    s = Sum<true>(a) + Sum<true>(b);
+  }
+  s = WarpSum(s, 8);
+  if (lane == 0 && row < rows) out[row] = s;
+}
+
+// torch.compile's bf16 row sum (NOTES.md run 28): blocks of 512 threads, U 8-byte loads per
+// thread with the L1 / L2 evict-first policy, one block per row of nacc8 8-byte accesses.
+template <int U>
+__global__ __launch_bounds__(512) void LongRows8(const uint2* in, float* out, int nacc8) {
+  __shared__ float part[16];
+  const uint2* src = in + static_cast<int64_t>(blockIdx.x) * nacc8;
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  float acc = 0.f;
+  for (int a = threadIdx.x; a < nacc8; a += U * 512) {
+    uint2 x[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      asm("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;"
+          : "=r"(x[u].x), "=r"(x[u].y)
+          : "l"(src + a + u * 512), "l"(pol));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      acc += __uint_as_float(x[u].x << 16) + __uint_as_float(x[u].x & 0xffff0000u) +
+             __uint_as_float(x[u].y << 16) + __uint_as_float(x[u].y & 0xffff0000u);
+    }
+  }
+  acc = WarpSum(acc, 32);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < 16; ++w) s += part[w];
+    out[blockIdx.x] = s;
+  }
+}
+
+__global__ void Empty() {}
+
+__global__ void Spin(int64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (static_cast<int64_t>(t - t0) < ns);
+}
+
+// Plain reads of the whole buffer (L2 flush), one partial sum per block kept.
+__global__ void Flush(const uint4* buf, int64_t n, float* sink) {
+  float s = 0.f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    s += Sum<false>(buf[i]);
+  }
+  if (s == 12345.f) sink[blockIdx.x] = s;
+}
+
+__global__ void Fill(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float f = (static_cast<float>(h & 0xffffff) / 16777216.f) * 2.f - 1.f;  // [-1, 1)
+    p[i] = __bfloat16_as_ushort(__float2bfloat16(f));
+  }
+}
+
+struct Case {
+  std::string name;
+  bool bf16;
+  int64_t rows, cols;
+  int64_t Bytes() const { return rows * cols * (bf16 ? 2 : 4); }
+  int64_t Nacc() const { return cols * (bf16 ? 2 : 4) / 16; }
+};
+
+// Launches one impl on a case; false where the impl has no kernel for it. Carveout >= 0 sets
+// the kernel's preferred shared-memory carveout (percent) first (Tag keeps such kernels apart).
+using Launch = bool (*)(const uint4*, float*, const Case&);
+
+template <int F, int Tag = 0, int Carveout = -1>
+bool LaunchCase(const uint4* in, float* out, const Case& c) {
+  const int nacc = static_cast<int>(c.Nacc());
+  auto go = [&](auto kernel, int64_t blocks, const auto* src, int n) {
+    if constexpr (Carveout >= 0) {
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
+    }
+    kernel<<<static_cast<unsigned>(blocks), 256>>>(src, out, n);
+  };
+  if (c.cols == 128 && c.bf16) {
+    auto k = ShortRows<F, Tag>;
+    if constexpr (Carveout >= 0) {
+      CK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
+    }
+    k<<<static_cast<unsigned>((c.rows + 31) / 32), 256>>>(in, out, c.rows);
+  } else if (c.bf16 && nacc == 1024) {
+    go(LongRows<F, true, 4, 256, Tag>, c.rows, in, nacc);
+  } else if (c.bf16) {
+    go(LongRows<F, true, 16, 256, Tag>, c.rows, in, nacc);
+  } else {
+    go(LongRows<F, false, 8, 256, Tag>, c.rows, in, nacc);
+  }
+  return true;
+}
+
+// torch.compile's geometry (bf16 long rows only): 512 x 4 at 8192 columns, 512 x 16 at 32768.
+bool LaunchTorchCompileGeometry(const uint4* in, float* out, const Case& c) {
+  const int nacc8 = static_cast<int>(2 * c.Nacc());
+  const uint2* src = reinterpret_cast<const uint2*>(in);
+  if (!c.bf16 || c.cols < 8192) return false;
+  if (nacc8 == 4 * 512) {
+    LongRows8<4><<<static_cast<unsigned>(c.rows), 512>>>(src, out, nacc8);
+  } else if (nacc8 % (16 * 512) == 0) {
+    LongRows8<16><<<static_cast<unsigned>(c.rows), 512>>>(src, out, nacc8);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct Impl {
+  const char* name;
+  Launch launch;
+};
+const Impl kImpls[] = {
+    {"cs", LaunchCase<kCs>},
+    {"cs.L2::256B", LaunchCase<kCs256>},
+    {"nc.L1::no_allocate", LaunchCase<kNcNa>},
+    {"nc.L1::no_allocate.L2::256B", LaunchCase<kNcNa256>},
+    {"plain", LaunchCase<kPlain>},
+    {"L2::256B", LaunchCase<kPlain256>},
+    {"ef+policy", LaunchCase<kEfPolicy>},
+    {"ef+policy.L2::256B", LaunchCase<kEfPolicy256>},
+    {"lu", LaunchCase<kLu>},
+    {"cs, carveout 0% (max L1)", LaunchCase<kCs, 1, 0>},
+    {"cs, carveout 50%", LaunchCase<kCs, 2, 50>},
+    {"cs, carveout 100% (max smem)", LaunchCase<kCs, 3, 100>},
+    {"torch.compile geometry (512 x 8-byte, ef+policy)", LaunchTorchCompileGeometry},
+};
+constexpr int kNumImpls = sizeof(kImpls) / sizeof(kImpls[0]);
+
+double Median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 300;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
+      rounds = std::atoi(argv[++i]);
+    } else {
+      std::printf("usage: %s [--rounds N]  (default 300)\n", argv[0]);
+      return std::strcmp(argv[i], "--help") ? 1 : 0;
+    }
+  }
+  // fp32 cases reuse the bf16 fill as bit patterns of two bf16 values: finite, |x| < 2.
+  const std::vector<Case> cases = {{"bf16 8192x8192", true, 8192, 8192},
+                                   {"bf16 262144x128", true, 262144, 128},
+                                   {"bf16 2048x32768", true, 2048, 32768},
+                                   {"fp32 8192x8192", false, 8192, 8192}};
+  int64_t max_bytes = 0, max_rows = 0;
+  for (const Case& c : cases) max_bytes = std::max(max_bytes, c.Bytes()), max_rows = std::max(max_rows, c.rows);
+  const int64_t flush_bytes = int64_t{256} << 20;
+  uint4 *in, *flush;
+  float *out, *sink;
+  CK(cudaMalloc(&in, max_bytes));
+  CK(cudaMalloc(&flush, flush_bytes));
+  CK(cudaMalloc(&out, max_rows * sizeof(float)));
+  CK(cudaMalloc(&sink, 4096 * sizeof(float)));
+  CK(cudaMemset(flush, 0, flush_bytes));
+  Fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(in), max_bytes / 2, 0x9e3779b9u);
+  CK(cudaDeviceSynchronize());
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              rounds);
+
+  // Correctness: every flavour's sums against fp64 CPU sums of the same bytes, output poisoned.
+  std::vector<uint16_t> host(max_bytes / 2);
+  CK(cudaMemcpy(host.data(), in, max_bytes, cudaMemcpyDeviceToHost));
+  bool ok = true;
+  for (const Case& c : cases) {
+    std::vector<double> ref(c.rows);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      double s = 0;
+      if (c.bf16) {
+        for (int64_t j = 0; j < c.cols; ++j) {
+          const uint32_t b = uint32_t{host[r * c.cols + j]} << 16;
+          float f;
+          std::memcpy(&f, &b, 4);
+          s += f;
+        }
+      } else {
+        for (int64_t j = 0; j < c.cols; ++j) {
+          const uint32_t b = uint32_t{host[2 * (r * c.cols + j)]} | uint32_t{host[2 * (r * c.cols + j) + 1]} << 16;
+          float f;
+          std::memcpy(&f, &b, 4);
+          s += f;
+        }
+      }
+      ref[r] = s;
+    }
+    std::vector<float> got(c.rows);
+    for (int f = 0; f < kNumImpls; ++f) {
+      CK(cudaMemset(out, 0xff, c.rows * sizeof(float)));  // NaN
+      if (!kImpls[f].launch(in, out, c)) continue;
+      CK(cudaGetLastError());
+      CK(cudaMemcpy(got.data(), out, c.rows * sizeof(float), cudaMemcpyDeviceToHost));
+      double worst = 0;
+      for (int64_t r = 0; r < c.rows; ++r) {
+        // |x| < 2: float accumulation errs far below 2e-6 per element; a lost access errs ~0.5.
+        const double err = std::fabs(got[r] - ref[r]);
+        if (!(err <= 2e-6 * static_cast<double>(c.cols))) {
+          worst = std::isnan(got[r]) ? NAN : std::max(worst, err);
+          if (std::isnan(worst)) break;
+        }
+      }
+      if (worst != 0) {
+        std::printf("FAIL %s %s: error %g\n", c.name.c_str(), kImpls[f].name, worst);
+        ok = false;
+      }
+    }
+  }
+  std::printf("correctness: %s (%d impls x %zu cases where they apply, vs fp64 CPU sums)\n",
+              ok ? "pass" : "FAIL", kNumImpls, cases.size());
+  if (!ok) return 1;
+
+  // Timing: per case, rounds of (spin, flush, events around one impl) for every impl in rotation.
+  const int nimpl = kNumImpls + 1;  // + the empty kernel
+  std::vector<cudaEvent_t> ev(2 * nimpl);
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  const int flush_blocks = prop.multiProcessorCount * 8;
+  std::printf("\n| case | impl | median us | GB/s | vs cs | p10-p90 us |\n|---|---|---|---|---|---|\n");
+  for (const Case& c : cases) {
+    std::vector<std::vector<float>> t(nimpl);
+    std::vector<bool> ran(nimpl, false);
+    for (int r = 0; r < rounds + 5; ++r) {
+      for (int k = 0; k < nimpl; ++k) {
+        const int i = (k + r) % nimpl;
+        Spin<<<1, 32>>>(100000);
+        Flush<<<flush_blocks, 256>>>(flush, flush_bytes / 16, sink);
+        CK(cudaEventRecord(ev[2 * i]));
+        if (i == kNumImpls) {
+          Empty<<<1, 32>>>();
+        } else if (!kImpls[i].launch(in, out, c)) {
+          continue;
+        }
+        CK(cudaEventRecord(ev[2 * i + 1]));
+        ran[i] = true;
+      }
+      CK(cudaDeviceSynchronize());
+      if (r < 5) continue;  // warm-up
+      for (int i = 0; i < nimpl; ++i) {
+        if (!ran[i]) continue;
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        t[i].push_back(ms * 1000.f);
+      }
+    }
+    const double base = Median(t[0]);  // cs
+    for (int i = 0; i < nimpl; ++i) {
+      if (t[i].empty()) continue;
+      std::vector<float> s = t[i];
+      std::sort(s.begin(), s.end());
+      const double med = Median(t[i]);
+      const bool empty = i == kNumImpls;
+      std::printf("| %s | %s | %.2f | %.0f | %.4f | %.2f-%.2f |\n", c.name.c_str(), empty ? "empty kernel" : kImpls[i].name,
+                  med, empty ? 0.0 : c.Bytes() / med / 1e3, base / med, s[s.size() / 10], s[s.size() * 9 / 10]);
+    }
+  }
+  return 0;
+}
