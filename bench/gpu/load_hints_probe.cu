@@ -1,9 +1,13 @@
-// Load-instruction and carveout probe for the read-bound row sums (NOTES.md run 32): the same
-// row-sum kernel shapes as rowsum.cu's defaults, built once per flavour of the 16-byte global load
-// (cache operator, L1 / L2 eviction priority, L2 prefetch size), the `.cs` one also with three
-// preferred shared-memory carveouts, plus torch.compile's 8-byte geometry; timed interleaved in
-// one process. Diagnostic only: nothing the server runs. Standalone (cudart only), so it can be
-// carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/load_hints_probe).
+// Row-sum probe (NOTES.md run 32): kernels in our row sum's shapes, built once per variant, timed
+// interleaved in one process; it resolves ~0.1% where the peers' harness resolves ~0.6%.
+//   --set hints    the 16-byte load's flavour (cache operator, L1 / L2 eviction priority, L2
+//                  prefetch size), the `.cs` kernel with three preferred shared-memory carveouts,
+//                  and torch.compile's 8-byte shape, on four row-sum shapes
+//   --set flight   bytes and rows in flight per SM (block shape, persistent grids), bf16 8192^2
+//   --set library  our launchers (kernels/cuda/launch.h): auto, the loop kernel, the one-batch
+//                  kernel's shapes, beside the probe's own kernels
+// Diagnostic only: nothing the server runs. One executable (cudart and our kernels linked in), so
+// it can be carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/).
 //
 // Method (as memory_bound_peers.py): per round and flavour a ~100 us GPU spin (the host queues the
 // rest meanwhile), a 256 MiB plain read (L2 flush), then events around the kernel; flavours in a
@@ -20,7 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "kernels/cuda/launch.h"
 
 #define CK(x)                                                                          \
   do {                                                                                 \
@@ -151,6 +158,58 @@ __global__ __launch_bounds__(512) void LongRows8(const uint2* in, float* out, in
   }
 }
 
+// --set flight: bf16 rows of nacc V accesses (uint4: 16 bytes, uint2: 8 bytes), T threads, U
+// loads in flight per thread (nacc a multiple of U x T). Persistent: a grid of blocks that stride
+// over the rows (the blocks per SM fixed by the grid), else one block per row.
+template <int F>
+__device__ __forceinline__ uint2 Ld8(const uint2* p) {
+  uint2 r;
+  if constexpr (F == kCs) {
+    asm("ld.global.cs.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  } else {
+    uint64_t pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    asm("ld.global.L1::evict_first.L2::cache_hint.v2.u32 {%0,%1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(pol));
+  }
+  return r;
+}
+__device__ __forceinline__ float SumBf16(const uint4& x) { return Sum<true>(x); }
+__device__ __forceinline__ float SumBf16(const uint2& x) {
+  return __uint_as_float(x.x << 16) + __uint_as_float(x.x & 0xffff0000u) + __uint_as_float(x.y << 16) +
+         __uint_as_float(x.y & 0xffff0000u);
+}
+
+template <typename V, int F, int U, int T, bool Persistent>
+__global__ __launch_bounds__(T) void RowsV(const V* in, float* out, int rows, int nacc) {
+  __shared__ float part[T / 32];
+  for (int row = blockIdx.x; row < rows; row += Persistent ? gridDim.x : rows) {
+    const V* src = in + static_cast<int64_t>(row) * nacc;
+    float acc = 0.f;
+    for (int a = threadIdx.x; a < nacc; a += U * T) {
+      V x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if constexpr (std::is_same_v<V, uint4>) {
+          x[u] = Ld<F>(src + a + u * T);
+        } else {
+          x[u] = Ld8<F>(src + a + u * T);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) acc += SumBf16(x[u]);
+    }
+    acc = WarpSum(acc, 32);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float s = 0.f;
+      for (int w = 0; w < T / 32; ++w) s += part[w];
+      out[row] = s;
+    }
+    if constexpr (Persistent) __syncthreads();  // part is reused by the next row
+  }
+}
+
 __global__ void Empty() {}
 
 __global__ void Spin(int64_t ns) {
@@ -233,6 +292,18 @@ bool LaunchTorchCompileGeometry(const uint4* in, float* out, const Case& c) {
   return true;
 }
 
+// --set flight impls: bf16 rows of 8192 columns only. PerSm > 0: persistent, PerSm blocks per SM.
+int g_sms = 132;
+template <typename V, int F, int U, int T, int PerSm = 0>
+bool LaunchFlight(const uint4* in, float* out, const Case& c) {
+  const int nacc = static_cast<int>(c.Bytes() / c.rows / static_cast<int64_t>(sizeof(V)));
+  if (!c.bf16 || c.cols != 8192 || nacc % (U * T) != 0) return false;
+  const int64_t blocks = PerSm > 0 ? int64_t{PerSm} * g_sms : c.rows;
+  RowsV<V, F, U, T, (PerSm > 0)><<<static_cast<unsigned>(blocks), T>>>(reinterpret_cast<const V*>(in), out,
+                                                                      static_cast<int>(c.rows), nacc);
+  return true;
+}
+
 struct Impl {
   const char* name;
   Launch launch;
@@ -252,7 +323,46 @@ const Impl kImpls[] = {
     {"cs, carveout 100% (max smem)", LaunchCase<kCs, 3, 100>},
     {"torch.compile geometry (512 x 8-byte, ef+policy)", LaunchTorchCompileGeometry},
 };
-constexpr int kNumImpls = sizeof(kImpls) / sizeof(kImpls[0]);
+// Bytes in flight per SM: ours (256 x 4 x 16 B, 8 blocks) 128 KiB, torch.compile's 64 KiB.
+const Impl kFlight[] = {
+    {"cs (ours: 256 x 4 x 16 B, 8 blocks/SM, 128 KiB/SM in flight)", LaunchCase<kCs>},
+    {"cs again (a second build of the same kernel)", LaunchCase<kCs, 4>},
+    {"256 x 4 x 16 B persistent, 8 blocks/SM (128 KiB/SM)", LaunchFlight<uint4, kCs, 4, 256, 8>},
+    {"256 x 4 x 16 B persistent, 6 blocks/SM (96 KiB/SM)", LaunchFlight<uint4, kCs, 4, 256, 6>},
+    {"256 x 4 x 16 B persistent, 4 blocks/SM (64 KiB/SM)", LaunchFlight<uint4, kCs, 4, 256, 4>},
+    {"256 x 2 x 16 B, 8 blocks/SM (64 KiB/SM, 2 batches a row)", LaunchFlight<uint4, kCs, 2, 256>},
+    {"512 x 2 x 16 B, 4 blocks/SM (64 KiB/SM)", LaunchFlight<uint4, kCs, 2, 512>},
+    {"128 x 8 x 16 B, 16 blocks/SM (128 KiB/SM)", LaunchFlight<uint4, kCs, 8, 128>},
+    {"1024 x 1 x 16 B, 2 blocks/SM (32 KiB/SM)", LaunchFlight<uint4, kCs, 1, 1024>},
+    {"256 x 8 x 8 B cs, 8 blocks/SM (128 KiB/SM)", LaunchFlight<uint2, kCs, 8, 256>},
+    {"512 x 4 x 8 B cs, 4 blocks/SM (64 KiB/SM)", LaunchFlight<uint2, kCs, 4, 512>},
+    {"torch.compile geometry (512 x 4 x 8 B, ef+policy)", LaunchTorchCompileGeometry},
+};
+// --set library: our launchers (kernels/cuda/launch.h) with forced choices, beside the probe's own
+// kernels; an impl the library refuses for a case is skipped there.
+template <int Threads, int Vpt, int Streaming = 0, int Pipeline = 0>
+bool LaunchLibrary(const uint4* in, float* out, const Case& c) {
+  fusebox::cuda::KernelChoice k;
+  k.threads = Threads;
+  k.vectors_per_thread = Vpt;
+  k.streaming = Streaming;
+  k.pipeline = Pipeline;
+  const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
+  return fusebox::cuda::LaunchRowSumWith(k, dt, in, out, c.rows, c.cols, 0) == cudaSuccess;
+}
+const Impl kLibrary[] = {
+    {"library auto", LaunchLibrary<0, 0>},
+    {"library auto again (same kernel, timed as a second impl)", LaunchLibrary<0, 0>},
+    {"library loop kernel (pipeline=-1: RowSumChunkKernel, 256 x 4 bf16 / 256 x 8 fp32)", LaunchLibrary<0, 0, 0, -1>},
+    {"library one-batch 512 x 2", LaunchLibrary<512, 2, 0, 1>},
+    {"library one-batch 512 x 4", LaunchLibrary<512, 4, 0, 1>},
+    {"library one-batch 256 x 4", LaunchLibrary<256, 4, 0, 1>},
+    {"library one-batch 256 x 8", LaunchLibrary<256, 8, 0, 1>},
+    {"probe cs (256 x 4 x 16 B)", LaunchCase<kCs>},
+    {"probe torch.compile geometry (512 x 4 x 8 B, ef+policy)", LaunchTorchCompileGeometry},
+};
+const Impl* g_impls = kImpls;
+int g_num_impls = sizeof(kImpls) / sizeof(kImpls[0]);
 
 double Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -266,8 +376,21 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
       rounds = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "flight")) {
+      g_impls = kFlight;
+      g_num_impls = sizeof(kFlight) / sizeof(kFlight[0]);
+      ++i;
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "library")) {
+      g_impls = kLibrary;
+      g_num_impls = sizeof(kLibrary) / sizeof(kLibrary[0]);
+      ++i;
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "hints")) {
+      ++i;
     } else {
-      std::printf("usage: %s [--rounds N]  (default 300)\n", argv[0]);
+      std::printf("usage: %s [--rounds N] [--set hints|flight|library]  (default 300, hints)\n"
+                  "  hints: load flavours and carveouts on four row-sum shapes\n"
+                  "  flight: bytes in flight per SM on bf16 8192x8192\n"
+                  "  library: our row-sum launchers (auto, the loop kernel, the one-batch kernel's shapes)\n", argv[0]);
       return std::strcmp(argv[i], "--help") ? 1 : 0;
     }
   }
@@ -290,6 +413,7 @@ int main(int argc, char** argv) {
   CK(cudaDeviceSynchronize());
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
+  g_sms = prop.multiProcessorCount;
   std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
               rounds);
 
@@ -319,9 +443,9 @@ int main(int argc, char** argv) {
       ref[r] = s;
     }
     std::vector<float> got(c.rows);
-    for (int f = 0; f < kNumImpls; ++f) {
+    for (int f = 0; f < g_num_impls; ++f) {
       CK(cudaMemset(out, 0xff, c.rows * sizeof(float)));  // NaN
-      if (!kImpls[f].launch(in, out, c)) continue;
+      if (!g_impls[f].launch(in, out, c)) continue;
       CK(cudaGetLastError());
       CK(cudaMemcpy(got.data(), out, c.rows * sizeof(float), cudaMemcpyDeviceToHost));
       double worst = 0;
@@ -334,17 +458,17 @@ int main(int argc, char** argv) {
         }
       }
       if (worst != 0) {
-        std::printf("FAIL %s %s: error %g\n", c.name.c_str(), kImpls[f].name, worst);
+        std::printf("FAIL %s %s: error %g\n", c.name.c_str(), g_impls[f].name, worst);
         ok = false;
       }
     }
   }
   std::printf("correctness: %s (%d impls x %zu cases where they apply, vs fp64 CPU sums)\n",
-              ok ? "pass" : "FAIL", kNumImpls, cases.size());
+              ok ? "pass" : "FAIL", g_num_impls, cases.size());
   if (!ok) return 1;
 
   // Timing: per case, rounds of (spin, flush, events around one impl) for every impl in rotation.
-  const int nimpl = kNumImpls + 1;  // + the empty kernel
+  const int nimpl = g_num_impls + 1;  // + the empty kernel
   std::vector<cudaEvent_t> ev(2 * nimpl);
   for (auto& e : ev) CK(cudaEventCreate(&e));
   const int flush_blocks = prop.multiProcessorCount * 8;
@@ -358,9 +482,9 @@ int main(int argc, char** argv) {
         Spin<<<1, 32>>>(100000);
         Flush<<<flush_blocks, 256>>>(flush, flush_bytes / 16, sink);
         CK(cudaEventRecord(ev[2 * i]));
-        if (i == kNumImpls) {
+        if (i == g_num_impls) {
           Empty<<<1, 32>>>();
-        } else if (!kImpls[i].launch(in, out, c)) {
+        } else if (!g_impls[i].launch(in, out, c)) {
           continue;
         }
         CK(cudaEventRecord(ev[2 * i + 1]));
@@ -381,8 +505,8 @@ int main(int argc, char** argv) {
       std::vector<float> s = t[i];
       std::sort(s.begin(), s.end());
       const double med = Median(t[i]);
-      const bool empty = i == kNumImpls;
-      std::printf("| %s | %s | %.2f | %.0f | %.4f | %.2f-%.2f |\n", c.name.c_str(), empty ? "empty kernel" : kImpls[i].name,
+      const bool empty = i == g_num_impls;
+      std::printf("| %s | %s | %.2f | %.0f | %.4f | %.2f-%.2f |\n", c.name.c_str(), empty ? "empty kernel" : g_impls[i].name,
                   med, empty ? 0.0 : c.Bytes() / med / 1e3, base / med, s[s.size() / 10], s[s.size() * 9 / 10]);
     }
   }

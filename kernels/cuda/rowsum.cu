@@ -13,6 +13,8 @@
 //    (deterministic, no atomics, no workspace) and writes the row's result. 2-byte rows of one
 //    block with 16 or more loads per thread (32768-65536 columns) read 8-byte accesses in blocks
 //    of 512 threads x 16 loads, with the L2 evict-first cache policy (torch.compile's loads).
+//    Rows of exactly 1024 16-byte accesses (16 KiB) are one batch of 512 x 2 loads, read by a
+//    kernel without a loop or bounds checks.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
 // a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
@@ -169,6 +171,43 @@ __global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKe
   }
 }
 
+// Rows of exactly U x MaxT 16-byte accesses, one block per row: each thread's U loads, their sum,
+// the block sum; no loop and no bounds checks (first load at the 13th instruction).
+template <typename T, int W, int U, int MaxT, bool Cs>
+__global__ __launch_bounds__(MaxT) void RowSumBatchKernel(const T* in, float* out, int nacc) {
+  using R = typename Pack<T, W>::Raw;
+  __shared__ float scratch[32];
+  const R* src = reinterpret_cast<const R*>(in) + static_cast<int64_t>(blockIdx.x) * nacc + threadIdx.x;
+  R x[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + u * MaxT);
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < U; ++u) acc += SumAccess<T, W>(x[u]);
+  const float s = BlockSumToFirst(acc, scratch);
+  if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// The one-batch kernel for (threads, loads per thread), or null where it is not built: 512 x 2
+// (the automatic choice), 512 x 4, 256 x 4 and 256 x 8 (forced only; NOTES.md run 32).
+template <typename T, int W>
+const void* BatchKernel(int threads, int unroll, bool cs) {
+  auto pick = [&](auto u, auto t) -> const void* {
+    constexpr int U = decltype(u)::value, MaxT = decltype(t)::value;
+    return cs ? reinterpret_cast<const void*>(RowSumBatchKernel<T, W, U, MaxT, true>)
+              : reinterpret_cast<const void*>(RowSumBatchKernel<T, W, U, MaxT, false>);
+  };
+  using I = std::integral_constant<int, kThreads>;
+  using J = std::integral_constant<int, 512>;
+  if constexpr (Pack<T, W>::kVec) {
+    if (threads == 512 && unroll == 2) return pick(std::integral_constant<int, 2>{}, J{});
+    if (threads == 512 && unroll == 4) return pick(std::integral_constant<int, 4>{}, J{});
+    if (threads == kThreads && unroll == 4) return pick(std::integral_constant<int, 4>{}, I{});
+    if (threads == kThreads && unroll == 8) return pick(std::integral_constant<int, 8>{}, I{});
+  }
+  return nullptr;
+}
+
 // The long-row kernel for `threads` per block, `unroll` loads in flight, the hint and the cluster
 // mode, or null where that pair is not built: 16-byte and scalar accesses 256 x 4 / 8 / 16 and
 // 512 x 8; 8-byte accesses 512 x 16 only (the one pair MakePlan picks for them). Measured slower
@@ -209,7 +248,8 @@ struct Plan {
   int csize = 1, threads = kThreads, chunk = 0;
   int unroll = kLongUnroll;  // loads in flight per thread (short rows: per lane)
   bool cs = true;
-  bool w8 = false;  // 8-byte accesses (2-byte types, W = 4), 512 x 16
+  bool w8 = false;     // 8-byte accesses (2-byte types, W = 4), 512 x 16
+  bool batch = false;  // RowSumBatchKernel: a row is exactly one batch of threads x unroll accesses
 };
 
 template <typename T, int W>
@@ -257,13 +297,27 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // In-process A/B (NOTES.md run 30): bf16 2048x32768 +0.9 / +1.4%; at 8192 columns (4 per
   // thread, -0.3%) and on clusters (128x1048576, -0.8%) it loses, so it is not taken there.
   p->w8 = sizeof(T) == 2 && p->vec && p->cs && p->csize == 1 && k.cluster == 0 && k.threads == 0 &&
-          k.vectors_per_thread == 0 && 2 * nacc >= 512 * 16;
+          k.vectors_per_thread == 0 && k.pipeline <= 0 && 2 * nacc >= 512 * 16;
   if (p->w8) {
     p->nacc = 2 * nacc;
     p->threads = 512;
     p->unroll = 16;
     p->chunk = p->nacc;
     return cudaSuccess;
+  }
+  // Rows of exactly 1024 16-byte accesses (16 KiB: 2-byte types' 8192 columns, fp32's 4096): one
+  // batch of 512 threads x 2 loads (RowSumBatchKernel). In the load probe (NOTES.md run 32, 400
+  // rounds, two runs) bf16 8192^2 +1.3 / +1.2% over 256 x 4 through RowSumChunkKernel, whose loop
+  // nvcc unrolls around a row of one batch. KernelChoice::pipeline = 1 forces the kernel at the
+  // given (threads, vectors_per_thread) on rows of exactly that many accesses, -1 never takes it.
+  const bool forced = k.threads != 0 || k.vectors_per_thread != 0 || k.cluster != 0;
+  p->batch = k.pipeline > 0 || (k.pipeline == 0 && !forced && p->vec && nacc == 1024);
+  if (p->batch) {
+    p->threads = k.threads ? k.threads : 512;
+    p->unroll = k.vectors_per_thread ? k.vectors_per_thread : nacc / p->threads;
+    p->chunk = nacc;
+    const bool fits = p->vec && p->csize == 1 && nacc == p->unroll * p->threads;
+    return fits && BatchKernel<T, 16 / sizeof(T)>(p->threads, p->unroll, p->cs) ? cudaSuccess : cudaErrorInvalidValue;
   }
   // Loads in flight per thread: 16, 8 or 4, the most that a thread's accesses fill (16-byte rows;
   // scalar rows 4). Run 25 (C++ bench, 2c6c129): bf16 128x1048576 (64 per thread) u=16 +7.4%
@@ -305,6 +359,14 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
   int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
+  if constexpr (Pack<T, W>::kVec) {
+    if (p.batch) {
+      void* bargs[] = {&in, &out, &nacc};
+      const cudaError_t e = cudaLaunchKernel(BatchKernel<T, W>(p.threads, p.unroll, p.cs),  // MakePlan checked it
+                                             dim3(static_cast<unsigned>(rows)), dim3(p.threads), bargs, 0, s);
+      return e != cudaSuccess ? e : cudaGetLastError();
+    }
+  }
   void* args[] = {&in, &out, &nacc, &chunk, &csize};
   const void* kernel = LongKernel<T, W>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it
   const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
@@ -366,7 +428,7 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
     std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
                   p.unroll, p.cs ? "cs" : "plain");
   } else {
-    const char* access = p.w8 ? "vec8" : p.vec ? "vec" : "scalar";
+    const char* access = p.w8 ? "vec8" : p.batch ? "vec one-batch" : p.vec ? "vec" : "scalar";
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", access, p.csize, p.threads, p.unroll,
                   p.cs ? "cs" : "plain");
   }
