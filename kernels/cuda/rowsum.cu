@@ -6,7 +6,8 @@
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc < 1024): a group of `tpr` lanes (8..32 for 16-byte accesses, 4..32 scalar)
 //    per row, each lane summing every tpr-th access, 4 or 8 loads in flight; shuffle reduction
-//    in the group; 256-thread blocks.
+//    in the group; 256-thread blocks. Rows of exactly 2 accesses per lane (128 columns) are read
+//    without a loop or bounds checks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), 4, 8 or 16 loads
 //    in flight per thread (as many as its accesses fill); each block sums its chunk, the
 //    cluster's block 0 adds the C partial sums from distributed shared memory in rank order
@@ -89,8 +90,9 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
 
 // tpr (a power of two) lanes per row; 256-1024 threads per block; U loads in flight per lane.
 // TPR > 0: tpr = TPR, fixed at compile time (the loads share one address register with immediate
-// offsets); TPR = 0: tpr_arg.
-template <typename T, int W, bool Cs, int TPR, int U>
+// offsets); TPR = 0: tpr_arg. Exact (with TPR > 0): rows of exactly U x TPR accesses, each lane's
+// U loads without a loop or bounds checks.
+template <typename T, int W, bool Cs, int TPR, int U, bool Exact = false>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
                                                           int tpr_arg) {
   using R = typename Pack<T, W>::Raw;
@@ -99,7 +101,19 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
   float s = 0.f;
-  if (row < rows) s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr);
+  if constexpr (Exact) {
+    static_assert(TPR > 0, "exact rows need tpr at compile time");
+    if (row < rows) {
+      const R* src = reinterpret_cast<const R*>(in) + row * nacc + lane;
+      R x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + u * TPR);
+#pragma unroll
+      for (int u = 0; u < U; ++u) s += SumAccess<T, W>(x[u]);
+    }
+  } else {
+    if (row < rows) s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr);
+  }
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
 }
@@ -107,9 +121,20 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
 // The short-row kernel for tpr (fixed at compile time for 16-byte accesses, at run time for scalar
 // ones) and U (4 only for .cs loads with tpr fixed, else kUnroll).
 template <typename T, int W, bool Cs>
-const void* SmallKernel(int tpr, int unroll) {
-  auto k = [unroll](auto t) {
+const void* SmallKernel(int tpr, int unroll, bool exact) {
+  auto k = [unroll, exact](auto t) {
     constexpr int TPR = decltype(t)::value;
+    if constexpr (TPR > 0) {
+      if (exact) {
+        switch (unroll) {
+          case 2: return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 2, true>);
+          case 4: return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 4, true>);
+          case 8: return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 8, true>);
+        }
+        return static_cast<const void*>(nullptr);
+      }
+    }
+    if (exact) return static_cast<const void*>(nullptr);
     if constexpr (Cs && TPR > 0) {
       if (unroll == 4) return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 4>);
     }
@@ -249,12 +274,13 @@ struct Plan {
   int unroll = kLongUnroll;  // loads in flight per thread (short rows: per lane)
   bool cs = true;
   bool w8 = false;     // 8-byte accesses (2-byte types, W = 4), 512 x 16
-  bool batch = false;  // RowSumBatchKernel: a row is exactly one batch of threads x unroll accesses
+  bool batch = false;  // a row is exactly one batch: threads x unroll accesses (long rows,
+                       // RowSumBatchKernel) or tpr x unroll (short rows, the Exact kernel)
 };
 
 template <typename T, int W>
 const void* SmallKernelFor(const Plan& p) {
-  return p.cs ? SmallKernel<T, W, true>(p.tpr, p.unroll) : SmallKernel<T, W, false>(p.tpr, p.unroll);
+  return p.cs ? SmallKernel<T, W, true>(p.tpr, p.unroll, p.batch) : SmallKernel<T, W, false>(p.tpr, p.unroll, p.batch);
 }
 
 template <typename T>
@@ -285,6 +311,15 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     // 262144x128; NOTES.md run 23), else 8.
     const bool four = p->cs && p->vec && CeilDiv(nacc, p->tpr) <= 4;
     p->unroll = k.vectors_per_thread ? k.vectors_per_thread : four ? 4 : kUnroll;
+    // Rows of exactly 2 accesses per lane (128 columns) read them without a loop or bounds checks
+    // (the 4-load batch left 2 loads predicated off; load probe, NOTES.md run 32). pipeline = 1
+    // forces that kernel for 2, 4 or 8 accesses per lane (rows of exactly tpr x that), -1 never.
+    const int per_lane = p->vec && nacc % p->tpr == 0 ? nacc / p->tpr : 0;
+    p->batch = k.pipeline > 0 || (k.pipeline == 0 && k.vectors_per_thread == 0 && per_lane == 2);
+    if (p->batch) {
+      p->unroll = k.vectors_per_thread ? k.vectors_per_thread : per_lane;
+      if (per_lane != p->unroll) return cudaErrorInvalidValue;
+    }
     const void* kernel = p->vec ? SmallKernelFor<T, W>(*p) : SmallKernelFor<T, 1>(*p);
     return kernel ? cudaSuccess : cudaErrorInvalidValue;
   }
@@ -425,8 +460,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar", p.tpr, p.threads,
-                  p.unroll, p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/rows %s%s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar",
+                  p.batch ? " exact" : "", p.tpr, p.threads, p.unroll, p.cs ? "cs" : "plain");
   } else {
     const char* access = p.w8 ? "vec8" : p.batch ? "vec one-batch" : p.vec ? "vec" : "scalar";
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", access, p.csize, p.threads, p.unroll,

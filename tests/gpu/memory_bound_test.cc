@@ -569,6 +569,42 @@ TEST_P(MemoryBound, RowSumOneBatchRows) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// Short rows of exactly 2 accesses per lane (128 columns) are read without a loop or bounds
+// checks; so are rows of exactly 4 or 8 per lane when forced (pipeline = 1). Many rows (a partial
+// last block), special values, a misaligned row (scalar path); a forced count that does not divide
+// the row is refused.
+TEST_P(MemoryBound, RowSumExactShortRows) {
+  const DType dt = GetParam();
+  const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
+  char desc[128];
+  cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 1000, 128, KernelChoice{}, desc, sizeof desc);
+  EXPECT_NE(std::string(desc).find("exact"), std::string::npos) << desc;
+  CheckRowSum(1000, 128, {0, 0}, KernelChoice{});
+  CheckRowSum(7, 128, {1, 3}, KernelChoice{});
+  auto edit = [&](std::vector<uint8_t>& in) {
+    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * 128 + c, v); };
+    set(0, 127, kNaN);
+    set(1, 64, kInf);
+    set(2, 0, -kInf);
+    set(2, 127, kInf);
+    for (int64_t c = 0; c < 128; ++c) set(3, c, dt == DType::kFloat16 ? 6.0e4f : 1.0e30f);
+  };
+  CheckRowSum(9, 128, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  for (int tpr : {8, 32}) {
+    for (int per_lane : {2, 4, 8}) {
+      SCOPED_TRACE(::testing::Message() << "tpr " << tpr << " per lane " << per_lane);
+      const int64_t cols = int64_t{tpr} * per_lane * w;
+      CheckRowSum(333, cols, {0, 0}, bench::Choice(tpr, per_lane, 0, 0, 0, -1, 1));
+      CheckRowSum(33, cols, {0, 0}, bench::Choice(tpr, per_lane, 0, 0, 0, -1, 1, -1));  // plain loads
+    }
+  }
+  DeviceBuffer b(1 << 20);
+  EXPECT_EQ(cuda::LaunchRowSumWith(bench::Choice(8, 4, 0, 0, 0, -1, 1), dt, b.get(),
+                                   reinterpret_cast<float*>(b.get()) + (1 << 17), 2, 16 * w, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // Every (threads, loads in flight) pair the long-row row sum is built for, on the vector path
 // and the scalar one (an odd row length), with a block per row and with a cluster of 4; pairs it
 // is not built for are refused.
