@@ -85,6 +85,19 @@ __device__ __forceinline__ float WarpSum(float s, int width) {
   return s;
 }
 
+// The block's sum of acc into *dst (thread 0), through part[T / 32].
+template <int T>
+__device__ __forceinline__ void BlockSumTo(float acc, float* part, float* dst) {
+  acc = WarpSum(acc, 32);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int w = 0; w < T / 32; ++w) s += part[w];
+    *dst = s;
+  }
+}
+
 // One block of T threads per row of nacc 16-byte accesses (nacc a multiple of U x T), U loads in
 // flight per thread: rowsum.cu's RowSumChunkKernel without the cluster or the tail.
 template <int F, bool Bf16, int U, int T, int Tag = 0>
@@ -99,14 +112,7 @@ __global__ __launch_bounds__(T, U <= 4 ? 2048 / T : 1) void LongRows(const uint4
 #pragma unroll
     for (int u = 0; u < U; ++u) acc += Sum<Bf16>(x[u]);
   }
-  acc = WarpSum(acc, 32);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0.f;
-    for (int w = 0; w < T / 32; ++w) s += part[w];
-    out[blockIdx.x] = s;
-  }
+  BlockSumTo<T>(acc, part, out + blockIdx.x);
 }
 
 // Short rows of 16 accesses (bf16 x 128): 8 lanes per row, 2 loads each, 256-thread blocks
@@ -148,14 +154,7 @@ __global__ __launch_bounds__(512) void LongRows8(const uint2* in, float* out, in
              __uint_as_float(x[u].y << 16) + __uint_as_float(x[u].y & 0xffff0000u);
     }
   }
-  acc = WarpSum(acc, 32);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0.f;
-    for (int w = 0; w < 16; ++w) s += part[w];
-    out[blockIdx.x] = s;
-  }
+  BlockSumTo<512>(acc, part, out + blockIdx.x);
 }
 
 // --set flight: bf16 rows of nacc V accesses (uint4: 16 bytes, uint2: 8 bytes), T threads, U
@@ -198,14 +197,7 @@ __global__ __launch_bounds__(T) void RowsV(const V* in, float* out, int rows, in
 #pragma unroll
       for (int u = 0; u < U; ++u) acc += SumBf16(x[u]);
     }
-    acc = WarpSum(acc, 32);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x / 32] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float s = 0.f;
-      for (int w = 0; w < T / 32; ++w) s += part[w];
-      out[row] = s;
-    }
+    BlockSumTo<T>(acc, part, out + row);
     if constexpr (Persistent) __syncthreads();  // part is reused by the next row
   }
 }

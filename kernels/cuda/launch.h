@@ -66,7 +66,9 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 //   long_rows         1 = use the long-row (block/cluster) kernel, -1 = the short-row kernel
 //   pipeline          long-row softmax: 1 = persistent pipelined kernel, -1 = one-shot kernel;
 //                     long-row row sum: 1 = the one-batch kernel (rows of exactly threads x
-//                     vectors_per_thread 16-byte accesses; 512 x 2 or 4, 256 x 4 or 8), -1 = not
+//                     vectors_per_thread 16-byte accesses; 512 x 2 or 4, 256 x 4 or 8); short-row
+//                     row sum: 1 = the exact kernel (rows of exactly threads_per_row x 2, 4 or 8
+//                     16-byte accesses); -1 = neither (0: automatic, as documented in rowsum.cu)
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
 //   split             long-row softmax: blocks per row (2..64) that combine in the workspace
 //                     instead of a cluster (not with cluster > 1 or pipeline); 0 = automatic
