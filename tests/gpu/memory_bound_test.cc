@@ -605,6 +605,34 @@ TEST_P(MemoryBound, RowSumExactShortRows) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// The row sum's automatic kernel for each kind of row (host code only: runs without a GPU, so
+// CI checks the choices the H200 runs measured; NOTES.md runs 23-32).
+TEST(RowSumPlan, KernelForEachRowLength) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
+  const void* misaligned = reinterpret_cast<const void*>(uintptr_t{258});
+  auto describe = [](DType dt, const void* in, int64_t rows, int64_t cols) {
+    char desc[128];
+    cuda::DescribeRowSum(dt, in, rows, cols, KernelChoice{}, desc, sizeof desc);
+    return std::string(desc);
+  };
+  const DType bf16 = DType::kBFloat16, f16 = DType::kFloat16, f32 = DType::kFloat32;
+  EXPECT_EQ(describe(bf16, aligned, 262144, 128), "rowsum/rows vec exact tpr=8 t=256 u=2 cs");
+  EXPECT_EQ(describe(f32, aligned, 262144, 128), "rowsum/rows vec exact tpr=16 t=256 u=2 cs");
+  EXPECT_EQ(describe(bf16, aligned, 65536, 1024), "rowsum/rows vec tpr=32 t=256 u=4 cs");
+  EXPECT_EQ(describe(f32, aligned, 65536, 1024), "rowsum/rows vec tpr=32 t=256 u=8 cs");
+  EXPECT_EQ(describe(bf16, aligned, 8192, 8192), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
+  EXPECT_EQ(describe(f16, aligned, 8192, 8192), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
+  EXPECT_EQ(describe(f32, aligned, 8192, 4096), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
+  EXPECT_EQ(describe(f32, aligned, 8192, 8192), "rowsum/cluster vec c=1 t=256 u=8 cs");
+  EXPECT_EQ(describe(bf16, aligned, 2048, 32768), "rowsum/cluster vec8 c=1 t=512 u=16 cs");
+  EXPECT_EQ(describe(f32, aligned, 2048, 32768), "rowsum/cluster vec c=1 t=256 u=16 cs");
+  EXPECT_EQ(describe(bf16, aligned, 128, 1048576), "rowsum/cluster vec c=8 t=256 u=16 cs");
+  // Not 16-byte aligned, or not whole 16-byte accesses: the scalar path, never the exact kernels.
+  EXPECT_EQ(describe(bf16, misaligned, 8192, 8192).find("one-batch"), std::string::npos);
+  EXPECT_EQ(describe(bf16, misaligned, 1000, 128).find("exact"), std::string::npos);
+  EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
+}
+
 // Every (threads, loads in flight) pair the long-row row sum is built for, on the vector path
 // and the scalar one (an odd row length), with a block per row and with a cluster of 4; pairs it
 // is not built for are refused.
