@@ -88,6 +88,19 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// One batch: the U accesses src[0], src[Step], ... src[(U - 1) Step], loaded together, no bounds
+// checks (the callers read rows of exactly that many accesses).
+template <typename T, int W, bool Cs, int U, int Step>
+__device__ __forceinline__ float BatchSum(const typename Pack<T, W>::Raw* src) {
+  typename Pack<T, W>::Raw x[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + u * Step);
+  float s = 0.f;
+#pragma unroll
+  for (int u = 0; u < U; ++u) s += SumAccess<T, W>(x[u]);
+  return s;
+}
+
 // tpr (a power of two) lanes per row; 256-1024 threads per block; U loads in flight per lane.
 // TPR > 0: tpr = TPR, fixed at compile time (the loads share one address register with immediate
 // offsets); TPR = 0: tpr_arg. Exact (with TPR > 0): rows of exactly U x TPR accesses, each lane's
@@ -103,14 +116,7 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
   float s = 0.f;
   if constexpr (Exact) {
     static_assert(TPR > 0, "exact rows need tpr at compile time");
-    if (row < rows) {
-      const R* src = reinterpret_cast<const R*>(in) + row * nacc + lane;
-      R x[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + u * TPR);
-#pragma unroll
-      for (int u = 0; u < U; ++u) s += SumAccess<T, W>(x[u]);
-    }
+    if (row < rows) s = BatchSum<T, W, Cs, U, TPR>(reinterpret_cast<const R*>(in) + row * nacc + lane);
   } else {
     if (row < rows) s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(in) + row * nacc, lane, nacc, tpr);
   }
@@ -204,13 +210,7 @@ __global__ __launch_bounds__(MaxT) void RowSumBatchKernel(const T* in, float* ou
   using R = typename Pack<T, W>::Raw;
   __shared__ float scratch[32];
   const R* src = reinterpret_cast<const R*>(in) + static_cast<int64_t>(blockIdx.x) * nacc + threadIdx.x;
-  R x[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + u * MaxT);
-  float acc = 0.f;
-#pragma unroll
-  for (int u = 0; u < U; ++u) acc += SumAccess<T, W>(x[u]);
-  const float s = BlockSumToFirst(acc, scratch);
+  const float s = BlockSumToFirst(BatchSum<T, W, Cs, U, MaxT>(src), scratch);
   if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
@@ -384,6 +384,15 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
     const cudaError_t e = cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(p.threads), args, 0, s);
     return e != cudaSuccess ? e : cudaGetLastError();
   }
+  if constexpr (Pack<T, W>::kVec) {
+    if (p.batch) {
+      int nacc = p.nacc;
+      void* args[] = {&in, &out, &nacc};
+      const cudaError_t e = cudaLaunchKernel(BatchKernel<T, W>(p.threads, p.unroll, p.cs),  // MakePlan checked it
+                                             dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
+      return e != cudaSuccess ? e : cudaGetLastError();
+    }
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(rows * p.csize));
   cfg.blockDim = dim3(p.threads);
@@ -396,14 +405,6 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   cfg.attrs = attr;
   cfg.numAttrs = p.csize > 1 ? 1 : 0;
   int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
-  if constexpr (Pack<T, W>::kVec) {
-    if (p.batch) {
-      void* bargs[] = {&in, &out, &nacc};
-      const cudaError_t e = cudaLaunchKernel(BatchKernel<T, W>(p.threads, p.unroll, p.cs),  // MakePlan checked it
-                                             dim3(static_cast<unsigned>(rows)), dim3(p.threads), bargs, 0, s);
-      return e != cudaSuccess ? e : cudaGetLastError();
-    }
-  }
   void* args[] = {&in, &out, &nacc, &chunk, &csize};
   const void* kernel = LongKernel<T, W>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it
   const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
