@@ -6,6 +6,9 @@
 //   --set flight   bytes and rows in flight per SM (block shape, persistent grids), bf16 8192^2
 //   --set library  our launchers (kernels/cuda/launch.h): auto, the loop kernel, the one-batch
 //                  kernel's shapes, beside the probe's own kernels
+//   --set softmax  our softmax launcher on its short-row and one-block shapes: auto, the exact
+//                  kernels (rows of exactly their shape, one exp per element) against the
+//                  bounds-checked ones (NOTES.md run 33); checked against fp64 softmax
 // Diagnostic only: nothing the server runs. One executable (cudart and our kernels linked in), so
 // it can be carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/).
 //
@@ -236,7 +239,10 @@ struct Case {
   std::string name;
   bool bf16;
   int64_t rows, cols;
+  bool softmax = false;  // else row sum
   int64_t Bytes() const { return rows * cols * (bf16 ? 2 : 4); }
+  int64_t Traffic() const { return softmax ? 2 * Bytes() : Bytes(); }  // bytes read + written
+  int64_t OutBytes() const { return softmax ? Bytes() : rows * 4; }
   int64_t Nacc() const { return cols * (bf16 ? 2 : 4) / 16; }
 };
 
@@ -353,6 +359,29 @@ const Impl kLibrary[] = {
     {"probe cs (256 x 4 x 16 B)", LaunchCase<kCs>},
     {"probe torch.compile geometry (512 x 4 x 8 B, ef+policy)", LaunchTorchCompileGeometry},
 };
+// --set softmax: our softmax launcher (out holds the case's dtype); ExpOnce / Pipeline -1 select
+// the bounds-checked kernels (before run 33), Threads / Vpt > 0 force a one-block shape.
+template <int ExpOnce, int Pipeline, int Threads = 0, int Vpt = 0>
+bool LaunchSoftmaxLib(const uint4* in, float* out, const Case& c) {
+  if (!c.softmax || (Threads && c.Nacc() != int64_t{Threads} * Vpt)) return false;
+  fusebox::cuda::KernelChoice k;
+  k.exp_once = ExpOnce;
+  k.pipeline = Pipeline;
+  k.threads = Threads;
+  k.vectors_per_thread = Vpt;
+  const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
+  return fusebox::cuda::LaunchSoftmaxWith(k, dt, in, out, c.rows, c.cols, 0) == cudaSuccess;
+}
+const Impl kSoftmax[] = {
+    {"library auto", LaunchSoftmaxLib<0, 0>},
+    {"library auto again (same kernel, timed as a second impl)", LaunchSoftmaxLib<0, 0>},
+    {"library bounds-checked (exp_once=-1 on one-block rows, pipeline=-1 on short rows)", LaunchSoftmaxLib<-1, -1>},
+    {"library exact 512 x 2", LaunchSoftmaxLib<0, 0, 512, 2>},
+    {"library row-block 512 x 2", LaunchSoftmaxLib<-1, 0, 512, 2>},
+    {"library exact 256 x 4", LaunchSoftmaxLib<0, 0, 256, 4>},
+    {"library row-block 256 x 4", LaunchSoftmaxLib<-1, 0, 256, 4>},
+    {"library exact 256 x 8", LaunchSoftmaxLib<0, 0, 256, 8>},
+};
 const Impl* g_impls = kImpls;
 int g_num_impls = sizeof(kImpls) / sizeof(kImpls[0]);
 
@@ -365,6 +394,7 @@ double Median(std::vector<float> v) {
 
 int main(int argc, char** argv) {
   int rounds = 300;
+  bool softmax = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
       rounds = std::atoi(argv[++i]);
@@ -376,29 +406,43 @@ int main(int argc, char** argv) {
       g_impls = kLibrary;
       g_num_impls = sizeof(kLibrary) / sizeof(kLibrary[0]);
       ++i;
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "softmax")) {
+      g_impls = kSoftmax;
+      g_num_impls = sizeof(kSoftmax) / sizeof(kSoftmax[0]);
+      softmax = true;
+      ++i;
     } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "hints")) {
       ++i;
     } else {
-      std::printf("usage: %s [--rounds N] [--set hints|flight|library]  (default 300, hints)\n"
+      std::printf("usage: %s [--rounds N] [--set hints|flight|library|softmax]  (default 300, hints)\n"
                   "  hints: load flavours and carveouts on four row-sum shapes\n"
                   "  flight: bytes in flight per SM on bf16 8192x8192\n"
-                  "  library: our row-sum launchers (auto, the loop kernel, the one-batch kernel's shapes)\n", argv[0]);
+                  "  library: our row-sum launchers (auto, the loop kernel, the one-batch kernel's shapes)\n"
+                  "  softmax: our softmax launcher, exact kernels against bounds-checked ones, six shapes\n",
+                  argv[0]);
       return std::strcmp(argv[i], "--help") ? 1 : 0;
     }
   }
   // fp32 cases reuse the bf16 fill as bit patterns of two bf16 values: finite, |x| < 2.
-  const std::vector<Case> cases = {{"bf16 8192x8192", true, 8192, 8192},
-                                   {"bf16 262144x128", true, 262144, 128},
-                                   {"bf16 2048x32768", true, 2048, 32768},
-                                   {"fp32 8192x8192", false, 8192, 8192}};
-  int64_t max_bytes = 0, max_rows = 0;
-  for (const Case& c : cases) max_bytes = std::max(max_bytes, c.Bytes()), max_rows = std::max(max_rows, c.rows);
+  const std::vector<Case> cases =
+      softmax ? std::vector<Case>{{"softmax fp32 8192x8192", false, 8192, 8192, true},
+                                  {"softmax bf16 8192x8192", true, 8192, 8192, true},
+                                  {"softmax fp32 262144x128", false, 262144, 128, true},
+                                  {"softmax bf16 262144x128", true, 262144, 128, true},
+                                  {"softmax fp32 65536x1024", false, 65536, 1024, true},
+                                  {"softmax bf16 65536x1024", true, 65536, 1024, true}}
+              : std::vector<Case>{{"bf16 8192x8192", true, 8192, 8192},
+                                  {"bf16 262144x128", true, 262144, 128},
+                                  {"bf16 2048x32768", true, 2048, 32768},
+                                  {"fp32 8192x8192", false, 8192, 8192}};
+  int64_t max_bytes = 0, max_out = 0;
+  for (const Case& c : cases) max_bytes = std::max(max_bytes, c.Bytes()), max_out = std::max(max_out, c.OutBytes());
   const int64_t flush_bytes = int64_t{256} << 20;
   uint4 *in, *flush;
   float *out, *sink;
   CK(cudaMalloc(&in, max_bytes));
   CK(cudaMalloc(&flush, flush_bytes));
-  CK(cudaMalloc(&out, max_rows * sizeof(float)));
+  CK(cudaMalloc(&out, max_out));
   CK(cudaMalloc(&sink, 4096 * sizeof(float)));
   CK(cudaMemset(flush, 0, flush_bytes));
   Fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(in), max_bytes / 2, 0x9e3779b9u);
@@ -409,53 +453,80 @@ int main(int argc, char** argv) {
   std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
               rounds);
 
-  // Correctness: every flavour's sums against fp64 CPU sums of the same bytes, output poisoned.
+  // Correctness: every impl against fp64 on the CPU of the same bytes, output poisoned with NaN
+  // (0xff bytes): row sums of every row; softmax every 64th row, and no NaN anywhere.
   std::vector<uint16_t> host(max_bytes / 2);
   CK(cudaMemcpy(host.data(), in, max_bytes, cudaMemcpyDeviceToHost));
+  auto value = [&](const Case& c, int64_t i) {  // element i of the case's input
+    const uint32_t b = c.bf16 ? uint32_t{host[i]} << 16 : uint32_t{host[2 * i]} | uint32_t{host[2 * i + 1]} << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
   bool ok = true;
   for (const Case& c : cases) {
-    std::vector<double> ref(c.rows);
-    for (int64_t r = 0; r < c.rows; ++r) {
-      double s = 0;
-      if (c.bf16) {
-        for (int64_t j = 0; j < c.cols; ++j) {
-          const uint32_t b = uint32_t{host[r * c.cols + j]} << 16;
-          float f;
-          std::memcpy(&f, &b, 4);
-          s += f;
-        }
-      } else {
-        for (int64_t j = 0; j < c.cols; ++j) {
-          const uint32_t b = uint32_t{host[2 * (r * c.cols + j)]} | uint32_t{host[2 * (r * c.cols + j) + 1]} << 16;
-          float f;
-          std::memcpy(&f, &b, 4);
-          s += f;
-        }
+    const int64_t step = c.softmax ? 64 : 1;  // rows checked
+    std::vector<double> ref(c.softmax ? (c.rows / step) * c.cols : c.rows);
+    for (int64_t r = 0; r < c.rows; r += step) {
+      double s = 0, m = -INFINITY;
+      for (int64_t j = 0; j < c.cols; ++j) m = std::max(m, double{value(c, r * c.cols + j)});
+      for (int64_t j = 0; j < c.cols; ++j) {
+        const double x = value(c, r * c.cols + j);
+        s += c.softmax ? std::exp(x - m) : x;
       }
-      ref[r] = s;
+      if (!c.softmax) {
+        ref[r] = s;
+        continue;
+      }
+      for (int64_t j = 0; j < c.cols; ++j) ref[(r / step) * c.cols + j] = std::exp(value(c, r * c.cols + j) - m) / s;
     }
-    std::vector<float> got(c.rows);
+    std::vector<uint8_t> got_bytes(c.OutBytes());
     for (int f = 0; f < g_num_impls; ++f) {
-      CK(cudaMemset(out, 0xff, c.rows * sizeof(float)));  // NaN
+      CK(cudaMemset(out, 0xff, c.OutBytes()));  // NaN
       if (!g_impls[f].launch(in, out, c)) continue;
       CK(cudaGetLastError());
-      CK(cudaMemcpy(got.data(), out, c.rows * sizeof(float), cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(got_bytes.data(), out, c.OutBytes(), cudaMemcpyDeviceToHost));
       double worst = 0;
-      for (int64_t r = 0; r < c.rows; ++r) {
-        // |x| < 2: float accumulation errs far below 2e-6 per element; a lost access errs ~0.5.
-        const double err = std::fabs(got[r] - ref[r]);
-        if (!(err <= 2e-6 * static_cast<double>(c.cols))) {
-          worst = std::isnan(got[r]) ? NAN : std::max(worst, err);
-          if (std::isnan(worst)) break;
+      if (c.softmax) {
+        // fp32 output: relative 1e-5 (ex2.approx, the folded exponent); bf16 output: its rounding.
+        const double rel = c.bf16 ? 8e-3 : 1e-5;
+        for (int64_t i = 0; i < c.rows * c.cols && !std::isnan(worst); ++i) {
+          uint32_t b;
+          if (c.bf16) {
+            uint16_t h;
+            std::memcpy(&h, got_bytes.data() + 2 * i, 2);
+            b = uint32_t{h} << 16;
+          } else {
+            std::memcpy(&b, got_bytes.data() + 4 * i, 4);
+          }
+          float g;
+          std::memcpy(&g, &b, 4);
+          const int64_t r = i / c.cols;
+          if (std::isnan(g)) {
+            worst = NAN;
+          } else if (r % step == 0) {
+            const double want = ref[(r / step) * c.cols + i % c.cols];
+            if (!(std::fabs(g - want) <= rel * want)) worst = std::max(worst, std::fabs(g - want) / want);
+          }
+        }
+      } else {
+        const float* got = reinterpret_cast<const float*>(got_bytes.data());
+        for (int64_t r = 0; r < c.rows; ++r) {
+          // |x| < 2: float accumulation errs far below 2e-6 per element; a lost access errs ~0.5.
+          const double err = std::fabs(got[r] - ref[r]);
+          if (!(err <= 2e-6 * static_cast<double>(c.cols))) {
+            worst = std::isnan(got[r]) ? NAN : std::max(worst, err);
+            if (std::isnan(worst)) break;
+          }
         }
       }
       if (worst != 0) {
-        std::printf("FAIL %s %s: error %g\n", c.name.c_str(), g_impls[f].name, worst);
+        std::printf("FAIL %s %s: error %g%s\n", c.name.c_str(), g_impls[f].name, worst, c.softmax ? " (relative)" : "");
         ok = false;
       }
     }
   }
-  std::printf("correctness: %s (%d impls x %zu cases where they apply, vs fp64 CPU sums)\n",
+  std::printf("correctness: %s (%d impls x %zu cases where they apply, vs fp64 on the CPU)\n",
               ok ? "pass" : "FAIL", g_num_impls, cases.size());
   if (!ok) return 1;
 
@@ -464,7 +535,7 @@ int main(int argc, char** argv) {
   std::vector<cudaEvent_t> ev(2 * nimpl);
   for (auto& e : ev) CK(cudaEventCreate(&e));
   const int flush_blocks = prop.multiProcessorCount * 8;
-  std::printf("\n| case | impl | median us | GB/s | vs cs | p10-p90 us |\n|---|---|---|---|---|---|\n");
+  std::printf("\n| case | impl | median us | GB/s | vs first | p10-p90 us |\n|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     std::vector<std::vector<float>> t(nimpl);
     std::vector<bool> ran(nimpl, false);
@@ -491,7 +562,7 @@ int main(int argc, char** argv) {
         t[i].push_back(ms * 1000.f);
       }
     }
-    const double base = Median(t[0]);  // cs
+    const double base = Median(t[0]);  // the first impl
     for (int i = 0; i < nimpl; ++i) {
       if (t[i].empty()) continue;
       std::vector<float> s = t[i];
@@ -499,7 +570,7 @@ int main(int argc, char** argv) {
       const double med = Median(t[i]);
       const bool empty = i == g_num_impls;
       std::printf("| %s | %s | %.2f | %.0f | %.4f | %.2f-%.2f |\n", c.name.c_str(), empty ? "empty kernel" : g_impls[i].name,
-                  med, empty ? 0.0 : c.Bytes() / med / 1e3, base / med, s[s.size() / 10], s[s.size() * 9 / 10]);
+                  med, empty ? 0.0 : c.Traffic() / med / 1e3, base / med, s[s.size() / 10], s[s.size() * 9 / 10]);
     }
   }
   return 0;

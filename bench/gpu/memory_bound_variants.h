@@ -76,10 +76,14 @@ inline std::vector<Variant> Variants() {
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
       add("softmax", sh, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rows recompute exp");
+      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, -1, -1), "rows bounds-checked");  // before run 33
       add("softmax", sh, d, Choice(0, 0, 0, 64, 0, -1), "rows t=64");
       add("softmax", sh, d, Choice(0, 0, 0, 128, 0, -1), "rows t=128");
       add("softmax", sh, d, Choice(0, 0, 0, 256, 0, -1), "rows t=256");
     }
+  }
+  for (D d : {D::kFloat32, D::kBFloat16}) {  // the row-block kernel, as before run 33's exact kernel
+    add("softmax", {8192, 8192}, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rowblock recompute");
   }
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 1, 256, 0, 1, 0, kPlain), "block t=256 plain");

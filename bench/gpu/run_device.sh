@@ -52,7 +52,7 @@ for step in $steps; do
     echo "== compute-sanitizer" | tee "$OUT/sanitizer.log"
     for tool in memcheck racecheck synccheck; do
       filter='-HugeTensors.*'
-      [[ $tool != memcheck ]] && filter='*SoftmaxShapes/float32:*SoftmaxShapes/bfloat16:*RowSumShapes/bfloat16:*RowSumEightByteAccessRows/bfloat16:*RowSumOneBatchRows/bfloat16:*RowSumExactShortRows/bfloat16:*BenchmarkVariants/float32'
+      [[ $tool != memcheck ]] && filter='*SoftmaxShapes/float32:*SoftmaxShapes/bfloat16:*RowSumShapes/bfloat16:*RowSumEightByteAccessRows/bfloat16:*RowSumOneBatchRows/bfloat16:*RowSumExactShortRows/bfloat16:*SoftmaxExactRows/float32:*SoftmaxExactRows/bfloat16:*BenchmarkVariants/float32'
       limit=${SANITIZER_LIMIT_S:-100}
       [[ $tool == memcheck ]] && limit=$((limit * 3 / 2))
       start=$SECONDS

@@ -281,6 +281,22 @@ __device__ __forceinline__ MaxSum BlockReduce(MaxSum v, MaxSum* scratch) {
   __syncthreads();
   return scratch[32];
 }
+// Block-wide op(v) of every thread's v, returned to every thread (one barrier): each warp reduces
+// by shuffles, lane 0 stores into slots[warp], then every warp reduces the MaxT / 32 slots itself
+// (no second barrier). blockDim.x a multiple of 32, <= MaxT; `identity` fills the slots of warps
+// the block lacks. A second call needs other slots (a warp may still be reading these).
+template <int MaxT, typename Op>
+__device__ __forceinline__ float BlockAllReduce(float v, float* slots, float identity, Op op) {
+  static_assert(MaxT % 64 == 0 && MaxT <= 1024, "2 to 32 warps");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) slots[warp] = v;
+  __syncthreads();
+  const int w = lane & (MaxT / 32 - 1);  // each group of MaxT / 32 lanes holds every slot
+  v = w < static_cast<int>(blockDim.x >> 5) ? slots[w] : identity;
+  for (int o = MaxT / 64; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 // Block sum, valid in thread 0 only (one barrier); scratch: 32 floats.
 __device__ __forceinline__ float BlockSumToFirst(float v, float* scratch) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;

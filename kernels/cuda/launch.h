@@ -68,7 +68,9 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 //                     long-row row sum: 1 = the one-batch kernel (rows of exactly threads x
 //                     vectors_per_thread 16-byte accesses; 512 x 2 or 4, 256 x 4 or 8); short-row
 //                     row sum: 1 = the exact kernel (rows of exactly threads_per_row x 2, 4 or 8
-//                     16-byte accesses); -1 = neither (0: automatic, as documented in rowsum.cu)
+//                     16-byte accesses); -1 = neither (0: automatic, as documented in rowsum.cu);
+//                     short-row softmax: 1 = the exact form (rows of exactly threads_per_row x 2,
+//                     4 or 8 accesses, <= 32 floats per lane, default hints), -1 = bounds-checked
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
 //   split             long-row softmax: blocks per row (2..64) that combine in the workspace
 //                     instead of a cluster (not with cluster > 1 or pipeline); 0 = automatic
@@ -83,7 +85,10 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 //                     0 = automatic: 1 on the split path; -1 = none)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
-//                     per access <= 32, automatic where that holds), -1 = recompute it
+//                     per access <= 32, automatic where that holds), -1 = recompute it; rows of
+//                     one block: the exact kernel (rows of exactly threads x vectors_per_thread
+//                     16-byte accesses, <= 32 floats per thread, one exp per element, no bounds
+//                     checks) where it applies, -1 = the recomputing kernel
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

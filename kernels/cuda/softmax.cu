@@ -123,15 +123,17 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
 // the FFMA exponent) fixed at compile time, the arguments cs_arg / fma_arg ignored (one copy of each
 // load and store, fewer registers); otherwise they are taken at run time. TPR > 0: lanes per row
 // fixed at compile time (the loads share one address register with immediate offsets); TPR = 0:
-// tpr_arg.
-template <typename T, int W, int VPT, bool KeepExp, bool Defaults, int TPR = 0>
+// tpr_arg. Exact (with TPR): rows of exactly TPR x VPT accesses (nacc_arg ignored), no bounds checks.
+template <typename T, int W, int VPT, bool KeepExp, bool Defaults, int TPR = 0, bool Exact = false>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
-                                                                    int nacc, int tpr_arg, bool cs_arg,
+                                                                    int nacc_arg, int tpr_arg, bool cs_arg,
                                                                     bool fma_arg) {
   using R = typename Pack<T, W>::Raw;
+  static_assert(!Exact || TPR > 0, "an exact row's length is known at compile time");
   const bool cs = Defaults ? kDefaultStreaming : cs_arg;
   const bool fma = Defaults || fma_arg;
   const int tpr = TPR ? TPR : tpr_arg;
+  const int nacc = Exact ? TPR * VPT : nacc_arg;
   const int lg = __ffs(tpr) - 1;  // tpr is a power of two: rows by shifts, not a division
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
@@ -142,7 +144,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const int a = lane + j * tpr;
-    if (active && a < nacc) v[j] = LoadHint(cs, src + a);
+    if (active && (Exact || a < nacc)) v[j] = LoadHint(cs, src + a);
   }
   // Last access first: ptxas then issues every load before the first max (in load order it put
   // the first max between the loads, stalling the rest behind the first load's latency).
@@ -150,7 +152,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
   for (int j = VPT - 1; j >= 0; --j) {
     const int a = lane + j * tpr;
-    if (active && a < nacc) m = fmaxf(m, MaxOf<T, W>(v[j]));
+    if (active && (Exact || a < nacc)) m = fmaxf(m, MaxOf<T, W>(v[j]));
   }
   m = GroupMax(m, tpr);  // the row max: no partial-state rules needed below (-inf rows are NaN)
   static_assert(!KeepExp || VPT * W <= 32, "KeepExp holds VPT x W floats");
@@ -160,7 +162,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int a = lane + j * tpr;
-      if (active && a < nacc) {
+      if (active && (Exact || a < nacc)) {
         float f[W];
         Unpack<T, W>(v[j], f);
 #pragma unroll
@@ -178,7 +180,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
     for (int j = 0; j < VPT; ++j) {
       const int a = lane + j * tpr;
-      if (active && a < nacc) {
+      if (active && (Exact || a < nacc)) {
         float f[W];
 #pragma unroll
         for (int e = 0; e < W; ++e) f[e] = kept[j * W + e] * inv;
@@ -190,7 +192,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const int a = lane + j * tpr;
-        if (active && a < nacc) StoreHint(cs, dst + a, Output<T, W>(v[j], op));
+        if (active && (Exact || a < nacc)) StoreHint(cs, dst + a, Output<T, W>(v[j], op));
       }
     });
   }
@@ -516,6 +518,48 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlo
   part.Write(tot, true, false);
 }
 
+// Rows of exactly blockDim.x x VPT accesses (vector path; VPT x W <= 32 floats per thread): the
+// row-block kernel without bounds checks and with one exp per element, as Triton's one-row program.
+// Each thread loads its VPT accesses, the block's max (plain fmaxf, one barrier), e^(x - max) in
+// place of x, the block's sum (one barrier), then x times 1/sum. The max is the row's max, so
+// special values need no partial-state rules (as the short-row KeepExp kernel).
+template <typename T, int W, int VPT, int MaxT = kRowBlockThreads>
+__global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExactKernel(const T* in, T* out) {
+  using R = typename Pack<T, W>::Raw;
+  static_assert(W > 1 && VPT * W <= 32, "the row's values are held as floats");
+  __shared__ float slots[2][MaxT / 32];
+  const int nt = blockDim.x;
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * nt * VPT + threadIdx.x;
+  R v[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) v[j] = LoadHint(kDefaultStreaming, reinterpret_cast<const R*>(in) + off + j * nt);
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = VPT - 1; j >= 0; --j) m = fmaxf(m, MaxOf<T, W>(v[j]));  // last first: every load issued
+  m = BlockAllReduce<MaxT>(m, slots[0], -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+  float f[VPT][W];
+  float s = 0.f;
+  WithExp<true>(m, true, [&](const auto& ex) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      Unpack<T, W>(v[j], f[j]);
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        f[j][e] = ex(f[j][e]);
+        s += f[j][e];
+      }
+    }
+  });
+  s = BlockAllReduce<MaxT>(s, slots[1], 0.f, [](float a, float b) { return a + b; });
+  const float inv = 1.0f / s;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+#pragma unroll
+    for (int e = 0; e < W; ++e) f[j][e] *= inv;
+    StoreHint(kDefaultStreaming, reinterpret_cast<R*>(out) + off + j * nt, PackFloats<T, W>(f[j]));
+  }
+}
+
 // ------------------------------------------------------------------------------ long rows, pipelined
 // Persistent version for rows that need shared memory: grid = nclusters * csize (as many clusters
 // as the device holds at once); cluster c handles rows c, c + nclusters, ... Per block, the part of
@@ -655,7 +699,8 @@ struct Plan {
   Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
-  bool exp_once = false;                     // short rows: KeepExp
+  bool exp_once = false;                     // short rows: KeepExp; rows of one block: exact kernel
+  bool exact = false;                        // short rows: the Exact form (vpt = accesses per lane)
   int csize = 1, threads = 0, smem_acc = 0;  // long rows
   int chunk = 0;
   int split = 1;                             // long rows: blocks per row meeting in global memory
@@ -778,6 +823,26 @@ template <typename T, int W>
 const void* RowBlockKernelPtr(int vpt, int threads) {
   return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v()>(threads); });
 }
+// The exact row-block kernel: <= 32 floats per thread, <= 16 in 512-thread blocks (their 40
+// registers spill 32); nullptr for any other.
+template <typename T, int W>
+const void* RowExactKernelPtr(int vpt, int threads) {
+  return WithVpt(vpt, [&](auto v) -> const void* {
+    constexpr int VPT = v();
+    if constexpr (W > 1 && VPT * W <= 32) {
+      if (threads > kRowBlockThreads) {
+        if constexpr (VPT * W <= 16) {
+          return reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT, kRowBlockWideThreads>);
+        } else {
+          return nullptr;
+        }
+      }
+      return reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT>);
+    } else {
+      return nullptr;
+    }
+  });
+}
 template <typename T, int W>
 const void* ChunkKernelPtr(int vpt) {
   return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, v()>); });
@@ -786,6 +851,35 @@ template <typename T>
 const void* PipeKernelPtr(int vpt) {
   return vpt == 8 ? reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 8>)
                   : reinterpret_cast<const void*>(SoftmaxPipeKernel<T, 4>);
+}
+
+// The short-row kernel's Exact form for rows of exactly tpr x per accesses: built for 4-32 lanes
+// per row and the per-lane counts whose values fit as floats (KeepExp, the default hints); nullptr
+// for any other.
+template <typename T>
+using SmallKernelFn = void (*)(const T*, T*, int64_t, int, int, bool, bool);
+template <typename T, int W>
+SmallKernelFn<T> SmallExactKernel(int tpr, int per) {
+  auto with_tpr = [&](auto vpt) -> SmallKernelFn<T> {
+    constexpr int VPT = decltype(vpt)::value;
+    if constexpr (W > 1 && VPT * W <= 32) {
+      switch (tpr) {
+        case 4: return SoftmaxSmallKernel<T, W, VPT, true, true, 4, true>;
+        case 8: return SoftmaxSmallKernel<T, W, VPT, true, true, 8, true>;
+        case 16: return SoftmaxSmallKernel<T, W, VPT, true, true, 16, true>;
+        case 32: return SoftmaxSmallKernel<T, W, VPT, true, true, 32, true>;
+        default: return nullptr;
+      }
+    } else {
+      return nullptr;
+    }
+  };
+  switch (per) {
+    case 2: return with_tpr(std::integral_constant<int, 2>{});
+    case 4: return with_tpr(std::integral_constant<int, 4>{});
+    case 8: return with_tpr(std::integral_constant<int, 8>{});
+    default: return nullptr;
+  }
 }
 
 // Workspace of a split launch: one 64-bit (max, sum) word per block, set to the marker by the launcher.
@@ -846,6 +940,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     const bool fits = p->vpt * per_access <= 32;
     p->exp_once = k.exp_once == 0 ? fits : k.exp_once > 0;
     if (p->exp_once && !fits) return cudaErrorInvalidValue;
+    // Rows of exactly tpr x `per` accesses: the Exact form where it is built (no bounds checks, the
+    // row's shape fixed at compile time); pipeline = -1 keeps the checks, 1 insists on it.
+    const int per = nacc % p->tpr == 0 ? nacc / p->tpr : 0;
+    p->exact = k.pipeline >= 0 && p->vec && p->exp_once && p->cs == kDefaultStreaming && p->fma &&
+               SmallExactKernel<T, W>(p->tpr, per) != nullptr;
+    if (k.pipeline > 0 && !p->exact) return cudaErrorInvalidValue;
+    if (p->exact) p->vpt = per;
     return cudaSuccess;
   }
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {
@@ -917,7 +1018,19 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       vpt = 4;
       threads = RoundUp32(CeilDiv(chunk, vpt));
     }
-    kernel = p->vec ? RowBlockKernelPtr<T, W>(vpt, threads) : RowBlockKernelPtr<T, 1>(vpt, threads);
+    // 2-byte rows of exactly 1024 accesses (8192 columns): the exact kernel at 512 x 2 rather than
+    // the row-block kernel at 128 x 8 (bf16 8192^2 +0.6% in the probe, NOTES.md run 33).
+    if (sizeof(T) == 2 && p->vec && !k.vectors_per_thread && !k.threads && k.exp_once >= 0 && chunk == 1024) {
+      vpt = 2;
+      threads = 512;
+    }
+    // Rows of exactly threads x vpt accesses whose values fit as floats: the exact kernel (one exp
+    // per element, no bounds checks); exp_once = -1 keeps the recomputing kernel.
+    const void* exact = p->vec && chunk == int64_t{threads} * vpt ? RowExactKernelPtr<T, W>(vpt, threads) : nullptr;
+    p->exp_once = exact != nullptr && k.exp_once >= 0;
+    kernel = p->exp_once ? exact
+             : p->vec    ? RowBlockKernelPtr<T, W>(vpt, threads)
+                         : RowBlockKernelPtr<T, 1>(vpt, threads);
   }
   p->kernel = kernel;
   p->vpt = vpt;
@@ -962,7 +1075,7 @@ cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t row
   const T* i = static_cast<const T*>(in);
   T* o = static_cast<T*>(out);
   int nacc = p.nacc;
-  void* args[] = {&i, &o, &nacc};
+  void* args[] = {&i, &o, &nacc};  // the exact kernel takes the first two
   const cudaError_t e = cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
@@ -1003,6 +1116,10 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
     // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
     // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218; NOTES.md run 23).
+    if (p.exact) {
+      SmallExactKernel<T, W>(p.tpr, p.vpt)<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+      return cudaGetLastError();
+    }
     const bool defaults = p.cs == kDefaultStreaming && p.fma && (sizeof(T) == 2 || p.tpr == 32);
     // KeepExp is allowed by MakePlan only where VPT x W <= 32.
     auto launch = [&](auto vpt, auto keep) {
@@ -1106,8 +1223,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kRows) {
-    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
-                  p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "");
+    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
+                  p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "", p.exact ? " exact" : "");
   } else {
     // Clusters the device holds at once (pipelined: launched), e.g. 7 of 16 blocks on the H200.
     std::string clusters;
@@ -1121,8 +1238,9 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     const char* name = p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kRowBlock ? "rowblock" : "chunk";
-    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s", name, p.vec ? "vec" : "scalar", p.csize,
-                  p.threads, p.vpt, p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str());
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s%s", name, p.vec ? "vec" : "scalar", p.csize,
+                  p.threads, p.vpt, p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str(),
+                  p.exp_once ? " exact" : "");
   }
 }
 

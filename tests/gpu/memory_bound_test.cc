@@ -465,11 +465,72 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   char desc[128];
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 2047, bench::Choice(0, 4, 0, 512, 0, 1), desc, sizeof desc);
   EXPECT_NE(std::string(desc).find("softmax/rowblock scalar c=1 t=512 v=4"), std::string::npos) << desc;
-  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, 128 x 8 for 2-byte ones.
+  // The automatic choice at 8192 columns: the exact kernel, 512 x 4 for 4-byte types, 512 x 2 for 2-byte ones.
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, KernelChoice{}, desc, sizeof desc);
-  const char* want =
-      GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4" : "softmax/rowblock vec c=1 t=128 v=8";
+  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain exact"
+                                                   : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
   EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
+}
+
+// The exact kernels: rows of exactly their shape, without bounds checks, one exp per element.
+// One block per row (8192 columns automatically; 512 x 2, 256 x 4, 256 x 8, 512 x 4 forced) and the
+// short-row Exact form (128 and 1024 columns automatically; 4-32 lanes x 2, 4, 8 accesses forced),
+// with the special rows of SoftmaxSpecialRows, row counts that leave a block's rows unused, and
+// the refusals: an inexact or misaligned row forced onto the exact form.
+TEST_P(MemoryBound, SoftmaxExactRows) {
+  const DType dt = GetParam();
+  const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
+  auto special = [dt](int64_t cols) {
+    return [dt, cols](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
+      for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
+      set(2, cols / 2, kNaN);
+      set(3, cols - 1, kInf);
+      for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
+    };
+  };
+  auto describe = [dt](int64_t cols, const KernelChoice& k) {
+    char desc[128];
+    cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 7, cols,
+                          k, desc, sizeof desc);
+    return std::string(desc);
+  };
+  for (int64_t cols : {int64_t{128}, int64_t{1024}, int64_t{8192}}) {
+    const std::string desc = describe(cols, KernelChoice{});
+    SCOPED_TRACE(::testing::Message() << "cols " << cols << ": " << desc);
+    EXPECT_NE(desc.find("exact"), std::string::npos);
+    CheckSoftmax(cols == 8192 ? 37 : 1001, cols, {0, 0}, KernelChoice{});
+    CheckSoftmax(7, cols, {0, 0}, KernelChoice{}, special(cols));
+  }
+  // One block per row, forced shapes (512-thread blocks hold at most 16 floats per thread).
+  for (auto [threads, vpt] : {std::pair{512, 2}, std::pair{256, 4}, std::pair{256, 8}, std::pair{512, 4}}) {
+    const int64_t cols = int64_t{threads} * vpt * w;
+    const KernelChoice k = bench::Choice(0, vpt, 0, threads, 0, 1);
+    const std::string desc = describe(cols, k);
+    SCOPED_TRACE(::testing::Message() << threads << " x " << vpt << ": " << desc);
+    EXPECT_EQ(desc.find("exact") != std::string::npos, vpt * w <= (threads > 256 ? 16 : 32));
+    CheckSoftmax(5, cols, {0, 0}, k);
+    CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+  }
+  // Short rows, the Exact form forced (pipeline = 1).
+  for (int tpr : {4, 8, 16, 32}) {
+    for (int per : {2, 4, 8}) {
+      if (per * w > 32) continue;
+      const int64_t cols = int64_t{tpr} * per * w;
+      SCOPED_TRACE(::testing::Message() << "tpr " << tpr << " per lane " << per);
+      const KernelChoice k = bench::Choice(tpr, std::max(per, 4), 0, 0, 0, -1, 1);
+      CheckSoftmax(333, cols, {0, 0}, k);
+      CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+    }
+  }
+  DeviceBuffer b(1 << 20);
+  const KernelChoice forced = bench::Choice(4, 4, 0, 0, 0, -1, 1);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(forced, dt, b.get(), b.get() + (1 << 19), 2, 100, nullptr),
+            cudaErrorInvalidValue);  // 100 columns: not 4 lanes x whole accesses
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(forced, dt, b.get() + ElementSize(dt), b.get() + (1 << 19), 2, 16 * w, nullptr),
+            cudaErrorInvalidValue);  // misaligned: the scalar path has no exact form
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
