@@ -8,7 +8,9 @@
 //                  kernel's shapes, beside the probe's own kernels
 //   --set softmax  our softmax launcher on its short-row and one-block shapes: auto, the exact
 //                  kernels (rows of exactly their shape, one exp per element) against the
-//                  bounds-checked ones (NOTES.md run 33); checked against fp64 softmax
+//                  bounds-checked ones (NOTES.md run 33); checked against fp64 softmax. With
+//                  --triton DIR also Triton's one-row softmax program at 8192 columns, loaded from
+//                  DIR/softmax_{fp32,bf16}.cubin (bench/gpu/triton_softmax_cubin.py writes them)
 // Diagnostic only: nothing the server runs. One executable (cudart and our kernels linked in), so
 // it can be carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/).
 //
@@ -372,6 +374,21 @@ bool LaunchSoftmaxLib(const uint4* in, float* out, const Case& c) {
   const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
   return fusebox::cuda::LaunchSoftmaxWith(k, dt, in, out, c.rows, c.cols, 0) == cudaSuccess;
 }
+// Triton's compiled one-row program (memory_bound_peers.py's softmax_row_kernel, BLOCK 8192, 16
+// warps): arguments x, y, cols and two scratch pointers Triton adds (unused: null), 64 bytes of
+// dynamic shared memory.
+cudaKernel_t g_triton[2] = {nullptr, nullptr};  // fp32, bf16
+bool LaunchTritonSoftmax(const uint4* in, float* out, const Case& c) {
+  cudaKernel_t k = g_triton[c.bf16];
+  if (!c.softmax || c.cols != 8192 || !k) return false;
+  const void* x = in;
+  void* y = out;
+  int cols = static_cast<int>(c.cols);
+  void* none = nullptr;
+  void* args[] = {&x, &y, &cols, &none, &none};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(c.rows)), dim3(512), args, 64,
+                          0) == cudaSuccess;
+}
 const Impl kSoftmax[] = {
     {"library auto", LaunchSoftmaxLib<0, 0>},
     {"library auto again (same kernel, timed as a second impl)", LaunchSoftmaxLib<0, 0>},
@@ -381,6 +398,7 @@ const Impl kSoftmax[] = {
     {"library exact 256 x 4", LaunchSoftmaxLib<0, 0, 256, 4>},
     {"library row-block 256 x 4", LaunchSoftmaxLib<-1, 0, 256, 4>},
     {"library exact 256 x 8", LaunchSoftmaxLib<0, 0, 256, 8>},
+    {"triton one-row program (cubin, --triton)", LaunchTritonSoftmax},
 };
 const Impl* g_impls = kImpls;
 int g_num_impls = sizeof(kImpls) / sizeof(kImpls[0]);
@@ -411,10 +429,18 @@ int main(int argc, char** argv) {
       g_num_impls = sizeof(kSoftmax) / sizeof(kSoftmax[0]);
       softmax = true;
       ++i;
+    } else if (!std::strcmp(argv[i], "--triton") && i + 1 < argc) {
+      for (int b = 0; b < 2; ++b) {
+        const std::string path = std::string(argv[i + 1]) + (b ? "/softmax_bf16.cubin" : "/softmax_fp32.cubin");
+        cudaLibrary_t lib;
+        CK(cudaLibraryLoadFromFile(&lib, path.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+        CK(cudaLibraryGetKernel(&g_triton[b], lib, "softmax_row_kernel"));
+      }
+      ++i;
     } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "hints")) {
       ++i;
     } else {
-      std::printf("usage: %s [--rounds N] [--set hints|flight|library|softmax]  (default 300, hints)\n"
+      std::printf("usage: %s [--rounds N] [--set hints|flight|library|softmax] [--triton DIR]  (default 300, hints)\n"
                   "  hints: load flavours and carveouts on four row-sum shapes\n"
                   "  flight: bytes in flight per SM on bf16 8192x8192\n"
                   "  library: our row-sum launchers (auto, the loop kernel, the one-batch kernel's shapes)\n"

@@ -86,9 +86,9 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it; rows of
-//                     one block: the exact kernel (rows of exactly threads x vectors_per_thread
+//                     one block: 1 = the exact kernel (rows of exactly threads x vectors_per_thread
 //                     16-byte accesses, <= 32 floats per thread, one exp per element, no bounds
-//                     checks) where it applies, -1 = the recomputing kernel
+//                     checks) where it applies (0: for 2-byte types only), -1 = the recomputing kernel
 // GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

@@ -465,18 +465,19 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   char desc[128];
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 2047, bench::Choice(0, 4, 0, 512, 0, 1), desc, sizeof desc);
   EXPECT_NE(std::string(desc).find("softmax/rowblock scalar c=1 t=512 v=4"), std::string::npos) << desc;
-  // The automatic choice at 8192 columns: the exact kernel, 512 x 4 for 4-byte types, 512 x 2 for 2-byte ones.
+  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, the exact kernel at 512 x 2 for 2-byte ones.
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, KernelChoice{}, desc, sizeof desc);
-  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain exact"
+  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain"
                                                    : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
   EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
 }
 
 // The exact kernels: rows of exactly their shape, without bounds checks, one exp per element.
-// One block per row (8192 columns automatically; 512 x 2, 256 x 4, 256 x 8, 512 x 4 forced) and the
-// short-row Exact form (128 and 1024 columns automatically; 4-32 lanes x 2, 4, 8 accesses forced),
-// with the special rows of SoftmaxSpecialRows, row counts that leave a block's rows unused, and
-// the refusals: an inexact or misaligned row forced onto the exact form.
+// One block per row (2-byte 8192 columns automatically, fp32 with exp_once = 1; 512 x 2, 256 x 4,
+// 256 x 8, 512 x 4 forced) and the short-row Exact form (128 and 1024 columns automatically; 4-32
+// lanes x 2, 4, 8 accesses forced), with the special rows of SoftmaxSpecialRows, row counts that
+// leave a block's rows unused, and the refusals: an inexact or misaligned row forced onto the
+// exact form.
 TEST_P(MemoryBound, SoftmaxExactRows) {
   const DType dt = GetParam();
   const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
@@ -496,17 +497,22 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
                           k, desc, sizeof desc);
     return std::string(desc);
   };
+  const KernelChoice exp_once = bench::Choice(0, 0, 0, 0, 0, 0, 0, 0, 1);  // 4-byte one-block rows too
   for (int64_t cols : {int64_t{128}, int64_t{1024}, int64_t{8192}}) {
-    const std::string desc = describe(cols, KernelChoice{});
-    SCOPED_TRACE(::testing::Message() << "cols " << cols << ": " << desc);
-    EXPECT_NE(desc.find("exact"), std::string::npos);
-    CheckSoftmax(cols == 8192 ? 37 : 1001, cols, {0, 0}, KernelChoice{});
-    CheckSoftmax(7, cols, {0, 0}, KernelChoice{}, special(cols));
+    for (const KernelChoice& k : {KernelChoice{}, exp_once}) {
+      const std::string desc = describe(cols, k);
+      SCOPED_TRACE(::testing::Message() << "cols " << cols << ": " << desc);
+      // Automatically everywhere but 4-byte rows of one block (fp32 8192: the recomputing kernel).
+      const bool want = k.exp_once > 0 || cols != 8192 || dt != DType::kFloat32;
+      EXPECT_EQ(desc.find("exact") != std::string::npos, want);
+      CheckSoftmax(cols == 8192 ? 37 : 1001, cols, {0, 0}, k);
+      CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+    }
   }
   // One block per row, forced shapes (512-thread blocks hold at most 16 floats per thread).
   for (auto [threads, vpt] : {std::pair{512, 2}, std::pair{256, 4}, std::pair{256, 8}, std::pair{512, 4}}) {
     const int64_t cols = int64_t{threads} * vpt * w;
-    const KernelChoice k = bench::Choice(0, vpt, 0, threads, 0, 1);
+    const KernelChoice k = bench::Choice(0, vpt, 0, threads, 0, 1, 0, 0, 1);
     const std::string desc = describe(cols, k);
     SCOPED_TRACE(::testing::Message() << threads << " x " << vpt << ": " << desc);
     EXPECT_EQ(desc.find("exact") != std::string::npos, vpt * w <= (threads > 256 ? 16 : 32));
