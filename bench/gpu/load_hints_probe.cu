@@ -361,14 +361,20 @@ const Impl kLibrary[] = {
     {"probe cs (256 x 4 x 16 B)", LaunchCase<kCs>},
     {"probe torch.compile geometry (512 x 4 x 8 B, ef+policy)", LaunchTorchCompileGeometry},
 };
-// --set softmax: our softmax launcher (out holds the case's dtype); ExpOnce / Pipeline -1 select
-// the bounds-checked kernels (before run 33), Threads / Vpt > 0 force a one-block shape.
-template <int ExpOnce, int Pipeline, int Threads = 0, int Vpt = 0>
+// --set softmax: our softmax launcher (out holds the case's dtype). Mode 0: automatic; 1: the
+// bounds-checked kernels (short rows: pipeline = -1; one-block rows: exp_once = -1, as before run
+// 33); 2: the exact kernels (pipeline = 1, exp_once = 1). Threads and Vpt > 0: a forced one-block
+// shape; Threads alone: the short-row block size (short rows only).
+template <int Mode, int Threads = 0, int Vpt = 0>
 bool LaunchSoftmaxLib(const uint4* in, float* out, const Case& c) {
-  if (!c.softmax || (Threads && c.Nacc() != int64_t{Threads} * Vpt)) return false;
+  const bool short_rows = c.Nacc() <= 512;
+  if (!c.softmax || (Vpt && c.Nacc() != int64_t{Threads} * Vpt) || (Threads && !Vpt && !short_rows)) return false;
   fusebox::cuda::KernelChoice k;
-  k.exp_once = ExpOnce;
-  k.pipeline = Pipeline;
+  if (short_rows) {
+    k.pipeline = Mode == 1 ? -1 : Mode == 2 ? 1 : 0;
+  } else {
+    k.exp_once = Mode == 1 ? -1 : Mode == 2 ? 1 : 0;
+  }
   k.threads = Threads;
   k.vectors_per_thread = Vpt;
   const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
@@ -390,14 +396,14 @@ bool LaunchTritonSoftmax(const uint4* in, float* out, const Case& c) {
                           0) == cudaSuccess;
 }
 const Impl kSoftmax[] = {
-    {"library auto", LaunchSoftmaxLib<0, 0>},
-    {"library auto again (same kernel, timed as a second impl)", LaunchSoftmaxLib<0, 0>},
-    {"library bounds-checked (exp_once=-1 on one-block rows, pipeline=-1 on short rows)", LaunchSoftmaxLib<-1, -1>},
-    {"library exact 512 x 2", LaunchSoftmaxLib<0, 0, 512, 2>},
-    {"library row-block 512 x 2", LaunchSoftmaxLib<-1, 0, 512, 2>},
-    {"library exact 256 x 4", LaunchSoftmaxLib<0, 0, 256, 4>},
-    {"library row-block 256 x 4", LaunchSoftmaxLib<-1, 0, 256, 4>},
-    {"library exact 256 x 8", LaunchSoftmaxLib<0, 0, 256, 8>},
+    {"library auto", LaunchSoftmaxLib<0>},
+    {"library auto again (same kernel, timed as a second impl)", LaunchSoftmaxLib<0>},
+    {"library bounds-checked (short rows pipeline=-1, one-block rows exp_once=-1)", LaunchSoftmaxLib<1>},
+    {"library exact (short rows pipeline=1, one-block rows exp_once=1)", LaunchSoftmaxLib<2>},
+    {"library short rows, 128-thread blocks, bounds-checked", LaunchSoftmaxLib<1, 128>},
+    {"library short rows, 128-thread blocks, exact", LaunchSoftmaxLib<2, 128>},
+    {"library exact 512 x 2", LaunchSoftmaxLib<2, 512, 2>},
+    {"library row-block 512 x 2", LaunchSoftmaxLib<1, 512, 2>},
     {"triton one-row program (cubin, --triton)", LaunchTritonSoftmax},
 };
 const Impl* g_impls = kImpls;

@@ -947,6 +947,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                SmallExactKernel<T, W>(p->tpr, per) != nullptr;
     if (k.pipeline > 0 && !p->exact) return cudaErrorInvalidValue;
     if (p->exact) p->vpt = per;
+    // Exact rows of fewer than 32 lanes: 128-thread blocks (the probe, fp32 / bf16 262144x128:
+    // +1.6 / +0.5-1.0% over 256, NOTES.md run 33).
+    if (p->exact && !k.threads && p->tpr < 32) p->threads = 128;
     return cudaSuccess;
   }
   if (k.cluster < 0 || k.cluster > 16 || k.threads < 0 || k.threads > kChunkMaxThreads || k.threads % 32 != 0) {

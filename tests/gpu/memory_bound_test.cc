@@ -700,6 +700,28 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
+// The softmax's automatic short-row kernel (host code only, as above; NOTES.md run 33): the Exact
+// form on rows of exactly lanes x accesses, 128-thread blocks below 32 lanes per row.
+TEST(SoftmaxPlan, ShortRowKernelForEachRowLength) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
+  const void* misaligned = reinterpret_cast<const void*>(uintptr_t{258});
+  auto describe = [](DType dt, const void* in, int64_t cols, const KernelChoice& k = {}) {
+    char desc[128];
+    cuda::DescribeSoftmax(dt, in, in, 1000, cols, k, desc, sizeof desc);
+    return std::string(desc);
+  };
+  const DType bf16 = DType::kBFloat16, f32 = DType::kFloat32;
+  EXPECT_EQ(describe(f32, aligned, 128), "softmax/rows vec tpr=16 v=2 t=128 plain exp-once exact");
+  EXPECT_EQ(describe(bf16, aligned, 128), "softmax/rows vec tpr=4 v=4 t=128 plain exp-once exact");
+  EXPECT_EQ(describe(f32, aligned, 1024), "softmax/rows vec tpr=32 v=8 t=32 plain exp-once exact");
+  EXPECT_EQ(describe(bf16, aligned, 1024), "softmax/rows vec tpr=32 v=4 t=32 plain exp-once exact");
+  // Bounds-checked: as asked (pipeline = -1), rows of partial lanes, misaligned rows.
+  EXPECT_EQ(describe(f32, aligned, 128, bench::Choice(0, 0, 0, 0, 0, 0, -1)),
+            "softmax/rows vec tpr=16 v=4 t=256 plain exp-once");
+  EXPECT_EQ(describe(f32, aligned, 120).find("exact"), std::string::npos);
+  EXPECT_EQ(describe(bf16, misaligned, 128).find("exact"), std::string::npos);
+}
+
 // Every (threads, loads in flight) pair the long-row row sum is built for, on the vector path
 // and the scalar one (an odd row length), with a block per row and with a cluster of 4; pairs it
 // is not built for are refused.
