@@ -9,7 +9,9 @@
 //
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
 //  - short rows (nacc <= 512): a group of `tpr` lanes (1..32) per row, each lane holding VPT
-//    accesses in registers; max and sum by warp shuffles within the group; 256-thread blocks.
+//    accesses in registers; max and sum by warp shuffles within the group; 256-thread blocks (one
+//    warp where a warp holds a row). Rows of exactly tpr x 2 / 4 / 8 accesses take the Exact form
+//    (no bounds checks, the shape fixed at compile time; below 32 lanes in 128-thread blocks).
 //  - long rows (one-shot kernel): each block holds its chunk of a row in registers (up to 512
 //    threads x 8 accesses = 64 KiB), then in shared memory (up to 224 KiB, filled by the bulk-copy
 //    engine, cp.async.bulk, in 32 KiB pieces with one mbarrier each, so each piece is reduced as
@@ -18,8 +20,10 @@
 //    block writes its chunk: e^(x - max) / sum. The row's blocks are
 //      * one block (rows up to 18432 accesses; rows of up to 2048 accesses, all in the registers
 //        of <= 256 threads x 8 or 512 x 4, take a lean copy of the kernel with <= 48 registers and
-//        the default hints fixed; fp32 8192 columns: 512 x 4, 39 registers), or a thread-block
-//        cluster of C = 2 or 4 combining through distributed shared memory (one cluster barrier);
+//        the default hints fixed; fp32 8192 columns: 512 x 4, 38 registers; 2-byte rows of exactly
+//        1024 accesses: the exact kernel at 512 x 2, one exp per element, no bounds checks), or a
+//        thread-block cluster of C = 2 or 4 combining through distributed shared memory (one
+//        cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
 //        blocks of 128 KiB (4-byte types) / 64 KiB (2-byte) that publish their pairs in global
 //        memory and read the row's pairs until all are there (Split, below). No gang-scheduling:
