@@ -1,4 +1,4 @@
-"""Compiles Triton's one-row softmax program (memory_bound_peers.py's softmax_row_kernel) for
+"""Compiles Triton's one-row softmax program (triton_peers.py's softmax_row_kernel) for
 8192 columns on sm_90 without a GPU, for load_hints_probe --set softmax --triton DIR.
 
 Usage: python3 triton_softmax_cubin.py DIR   (needs `pip install triton`; writes
@@ -8,22 +8,10 @@ import os
 import sys
 
 import triton
-import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-
-@triton.jit
-def softmax_row_kernel(x_ptr, y_ptr, cols, BLOCK: tl.constexpr):
-    # As memory_bound_peers.py (kept in step by hand: the peers' file imports torch).
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < cols
-    x = tl.load(x_ptr + row * cols + offs, mask=mask, other=-float("inf")).to(tl.float32)
-    x = x - tl.max(x, axis=0)
-    e = tl.exp(x)
-    y = e / tl.sum(e, axis=0)
-    tl.store(y_ptr + row * cols + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+from triton_peers import softmax_row_kernel  # the peers' program itself
 
 
 def main():

@@ -328,6 +328,19 @@ TEST_P(MemoryBound, SoftmaxSpecialRows) {
   }
 }
 
+// Rows 0-4 of a softmax input with `cols` columns: some -inf, all -inf (-> NaN), a NaN, a +inf,
+// all Big (SoftmaxSpecialRows' rows without its random one).
+std::function<void(std::vector<uint8_t>&)> SpecialSoftmaxRows(DType dt, int64_t cols) {
+  return [dt, cols](std::vector<uint8_t>& in) {
+    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+    for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
+    for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
+    set(2, cols / 2, kNaN);
+    set(3, cols - 1, kInf);
+    for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
+  };
+}
+
 // Rows split over independent blocks that meet in the workspace: 2..64 blocks per row, pieces in
 // registers only, with shared memory, with a streamed remainder, the scalar path, special rows,
 // blocks that do not wait for their row-mates (each reads its row itself), and L2 prefetch of a
@@ -354,15 +367,7 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
     k.split_wait_us = -1;
     CheckSoftmax(c.rows, c.cols, {0, 0}, k);
   }
-  auto edit = [&](std::vector<uint8_t>& in) {  // as SoftmaxSpecialRows, 1M columns
-    const int64_t cols = mega;
-    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
-    for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
-    for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
-    set(2, cols / 2, kNaN);
-    set(3, cols - 1, kInf);
-    for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
-  };
+  const auto edit = SpecialSoftmaxRows(dt, mega);
   KernelChoice k = bench::Choice(0, 4, 0, 512, 0, 1);
   k.split = 32;
   CheckSoftmax(6, mega, {0, 0}, k, edit);
@@ -481,16 +486,6 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
 TEST_P(MemoryBound, SoftmaxExactRows) {
   const DType dt = GetParam();
   const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
-  auto special = [dt](int64_t cols) {
-    return [dt, cols](std::vector<uint8_t>& in) {
-      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
-      for (int64_t c = 0; c < cols; c += 3) set(0, c, -kInf);
-      for (int64_t c = 0; c < cols; ++c) set(1, c, -kInf);
-      set(2, cols / 2, kNaN);
-      set(3, cols - 1, kInf);
-      for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
-    };
-  };
   auto describe = [dt](int64_t cols, const KernelChoice& k) {
     char desc[128];
     cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 7, cols,
@@ -506,7 +501,7 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
       const bool want = k.exp_once > 0 || cols != 8192 || dt != DType::kFloat32;
       EXPECT_EQ(desc.find("exact") != std::string::npos, want);
       CheckSoftmax(cols == 8192 ? 37 : 1001, cols, {0, 0}, k);
-      CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+      CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
     }
   }
   // One block per row, forced shapes (512-thread blocks hold at most 16 floats per thread).
@@ -517,7 +512,7 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
     SCOPED_TRACE(::testing::Message() << threads << " x " << vpt << ": " << desc);
     EXPECT_EQ(desc.find("exact") != std::string::npos, vpt * w <= (threads > 256 ? 16 : 32));
     CheckSoftmax(5, cols, {0, 0}, k);
-    CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+    CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
   }
   // Short rows, the Exact form forced (pipeline = 1).
   for (int tpr : {4, 8, 16, 32}) {
@@ -527,7 +522,7 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
       SCOPED_TRACE(::testing::Message() << "tpr " << tpr << " per lane " << per);
       const KernelChoice k = bench::Choice(tpr, std::max(per, 4), 0, 0, 0, -1, 1);
       CheckSoftmax(333, cols, {0, 0}, k);
-      CheckSoftmax(7, cols, {0, 0}, k, special(cols));
+      CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
     }
   }
   DeviceBuffer b(1 << 20);
