@@ -1122,13 +1122,13 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     const T* i = static_cast<const T*>(in);
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
-    // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
-    // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
-    // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218; NOTES.md run 23).
     if (p.exact) {
       SmallExactKernel<T, W>(p.tpr, p.vpt)<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
       return cudaGetLastError();
     }
+    // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
+    // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
+    // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218; NOTES.md run 23).
     const bool defaults = p.cs == kDefaultStreaming && p.fma && (sizeof(T) == 2 || p.tpr == 32);
     // KeepExp is allowed by MakePlan only where VPT x W <= 32.
     auto launch = [&](auto vpt, auto keep) {

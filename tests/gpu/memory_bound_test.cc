@@ -526,12 +526,15 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
     }
   }
   DeviceBuffer b(1 << 20);
-  const KernelChoice forced = bench::Choice(4, 4, 0, 0, 0, -1, 1);
-  EXPECT_EQ(cuda::LaunchSoftmaxWith(forced, dt, b.get(), b.get() + (1 << 19), 2, 100, nullptr),
-            cudaErrorInvalidValue);  // 100 columns: not 4 lanes x whole accesses
+  // 13 accesses fit 4 lanes x 4 but are not 4 lanes x whole accesses: the bounds-checked kernel
+  // runs them, the Exact form refuses them, as it refuses a misaligned row (the scalar path).
+  const KernelChoice checked = bench::Choice(4, 4, 0, 0, 0, -1), forced = bench::Choice(4, 4, 0, 0, 0, -1, 1);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(checked, dt, b.get(), b.get() + (1 << 19), 2, 13 * w, nullptr), cudaSuccess);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(forced, dt, b.get(), b.get() + (1 << 19), 2, 13 * w, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(forced, dt, b.get() + ElementSize(dt), b.get() + (1 << 19), 2, 16 * w, nullptr),
-            cudaErrorInvalidValue);  // misaligned: the scalar path has no exact form
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // The persistent pipelined softmax with many rows per cluster (every piece refilled many times),
