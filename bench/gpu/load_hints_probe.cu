@@ -380,7 +380,7 @@ bool LaunchSoftmaxLib(const uint4* in, float* out, const Case& c) {
   const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
   return fusebox::cuda::LaunchSoftmaxWith(k, dt, in, out, c.rows, c.cols, 0) == cudaSuccess;
 }
-// Triton's compiled one-row program (memory_bound_peers.py's softmax_row_kernel, BLOCK 8192, 16
+// Triton's compiled one-row program (triton_peers.py's softmax_row_kernel, BLOCK 8192, 16
 // warps): arguments x, y, cols and two scratch pointers Triton adds (unused: null), 64 bytes of
 // dynamic shared memory.
 cudaKernel_t g_triton[2] = {nullptr, nullptr};  // fp32, bf16
@@ -408,6 +408,21 @@ const Impl kSoftmax[] = {
 };
 const Impl* g_impls = kImpls;
 int g_num_impls = sizeof(kImpls) / sizeof(kImpls[0]);
+
+// Element i of a little-endian buffer of bf16 or fp32 values, as a float.
+float ElementAt(const void* bytes, bool bf16, int64_t i) {
+  uint32_t b = 0;
+  if (bf16) {
+    uint16_t h;
+    std::memcpy(&h, static_cast<const char*>(bytes) + 2 * i, 2);
+    b = uint32_t{h} << 16;
+  } else {
+    std::memcpy(&b, static_cast<const char*>(bytes) + 4 * i, 4);
+  }
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
 
 double Median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -489,19 +504,14 @@ int main(int argc, char** argv) {
   // (0xff bytes): row sums of every row; softmax every 64th row, and no NaN anywhere.
   std::vector<uint16_t> host(max_bytes / 2);
   CK(cudaMemcpy(host.data(), in, max_bytes, cudaMemcpyDeviceToHost));
-  auto value = [&](const Case& c, int64_t i) {  // element i of the case's input
-    const uint32_t b = c.bf16 ? uint32_t{host[i]} << 16 : uint32_t{host[2 * i]} | uint32_t{host[2 * i + 1]} << 16;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  };
+  auto value = [&](const Case& c, int64_t i) { return ElementAt(host.data(), c.bf16, i); };
   bool ok = true;
   for (const Case& c : cases) {
     const int64_t step = c.softmax ? 64 : 1;  // rows checked
     std::vector<double> ref(c.softmax ? (c.rows / step) * c.cols : c.rows);
     for (int64_t r = 0; r < c.rows; r += step) {
       double s = 0, m = -INFINITY;
-      for (int64_t j = 0; j < c.cols; ++j) m = std::max(m, double{value(c, r * c.cols + j)});
+      for (int64_t j = 0; c.softmax && j < c.cols; ++j) m = std::max(m, double{value(c, r * c.cols + j)});
       for (int64_t j = 0; j < c.cols; ++j) {
         const double x = value(c, r * c.cols + j);
         s += c.softmax ? std::exp(x - m) : x;
@@ -523,16 +533,7 @@ int main(int argc, char** argv) {
         // fp32 output: relative 1e-5 (ex2.approx, the folded exponent); bf16 output: its rounding.
         const double rel = c.bf16 ? 8e-3 : 1e-5;
         for (int64_t i = 0; i < c.rows * c.cols && !std::isnan(worst); ++i) {
-          uint32_t b;
-          if (c.bf16) {
-            uint16_t h;
-            std::memcpy(&h, got_bytes.data() + 2 * i, 2);
-            b = uint32_t{h} << 16;
-          } else {
-            std::memcpy(&b, got_bytes.data() + 4 * i, 4);
-          }
-          float g;
-          std::memcpy(&g, &b, 4);
+          const float g = ElementAt(got_bytes.data(), c.bf16, i);
           const int64_t r = i / c.cols;
           if (std::isnan(g)) {
             worst = NAN;
