@@ -145,6 +145,11 @@ def main():
                     help=f"another build of {CAPI_NAME} (e.g. the previous commit's), timed as 'ours@base' "
                     "interleaved with ours: an A/B of two builds in one process (repeatable: the second "
                     "is 'ours@base2', ...)")
+    ap.add_argument("--pad-mib", type=int, default=0, metavar="N",
+                    help="allocate N MiB before each case's tensors (a diagnostic: other physical placement)")
+    ap.add_argument("--flush", choices=["torch", "ours"], default="torch",
+                    help="the L2 flush before each call: torch.sum over 256 MiB (default) or our row sum over "
+                    "the same buffer with plain loads, as FlushL2 and the C++ bench (a diagnostic)")
     args = ap.parse_args()
     shapes = []
     for sh in args.shape:
@@ -177,6 +182,13 @@ def main():
         bases.append((f"ours@base{i + 1 if i else ''}", Ours(os.path.abspath(path))))
         print(f"{bases[-1][0]}: {os.path.abspath(path)}", flush=True)
     timer = Timer(args.reps, args.trace)
+    if args.flush == "ours":
+        if ours is None:
+            ap.error("--flush ours needs our library")
+        flush_rows = timer.flush.view(-1, 16384)
+        # Plain loads: streaming (evict-first) ones would leave older lines in L2 (launch.h, FlushL2).
+        timer.flush_fn = ours.launcher("rowsum", flush_rows, torch.empty(flush_rows.shape[0], device="cuda"),
+                                       {"streaming": -1})
     recs = []
     t0 = time.time()
 
@@ -309,6 +321,7 @@ def main():
         for rows, cols in shapes:
             if not (wanted("softmax", dname, rows, cols) or wanted("rowsum", dname, rows, cols)):
                 continue
+            pad = torch.empty(args.pad_mib << 20, device="cuda", dtype=torch.uint8)  # held until the tensors go
             x = torch.empty(rows, cols, device="cuda", dtype=dt).uniform_(-4, 4)
             y = torch.empty_like(x)
             ys = torch.empty(rows, device="cuda", dtype=torch.float32)
@@ -324,10 +337,12 @@ def main():
                 peers.append(("torch_compile", lambda: f2(x)))
             peers.append(("triton", lambda: triton_rowsum(x, ys)))
             case("rowsum", dname, rows, cols, 1.0 * rows * cols * es + 4.0 * rows, x, ys, peers)
-            del x, y, ys
+            del x, y, ys, pad
     method = "a ~300 us GPU spin (the host queues the call meanwhile), then L2 flushed by a 256 MiB read, before each call; CUDA events; median"
     if ours is not None:
         method += "; ours and the peers interleaved in this process, rotating order"
+    if args.flush != "torch" or args.pad_mib:
+        method += f"; DIAGNOSTIC RUN: flush by {args.flush}, {args.pad_mib} MiB allocated before each case"
     wrong = sum(1 for r in recs if r["impl"] == "ours" and r["error"])
     with open(args.json, "w") as fh:
         json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
