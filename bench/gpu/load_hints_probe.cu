@@ -11,6 +11,9 @@
 //                  bounds-checked ones (NOTES.md run 33); checked against fp64 softmax. With
 //                  --triton DIR also Triton's one-row softmax program at 8192 columns, loaded from
 //                  DIR/softmax_{fp32,bf16}.cubin (bench/gpu/triton_softmax_cubin.py writes them)
+//   --range R      fp32 cases only, inputs uniform in [-R, R) (the peers' harness: 4); default: the
+//                  bf16 fill read as fp32 (|x| < 2)
+//   --spin-us N    the spin before each call (default 100; the peers' harness: ~300)
 // Diagnostic only: nothing the server runs. One executable (cudart and our kernels linked in), so
 // it can be carried to the H200 alone: target load_hints_probe (build-dev/bench/gpu/).
 //
@@ -237,6 +240,17 @@ __global__ void Fill(uint16_t* p, int64_t n, uint32_t seed) {
   }
 }
 
+// fp32 values uniform in [-r, r) (--range).
+__global__ void FillF32(float* p, int64_t n, uint32_t seed, float r) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = ((static_cast<float>(h & 0xffffff) / 16777216.f) * 2.f - 1.f) * r;
+  }
+}
+
 struct Case {
   std::string name;
   bool bf16;
@@ -434,6 +448,8 @@ double Median(std::vector<float> v) {
 int main(int argc, char** argv) {
   int rounds = 300;
   bool softmax = false;
+  float range = 0.f;  // > 0: fp32 cases only, uniform in [-range, range)
+  int64_t spin_ns = 100000;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
       rounds = std::atoi(argv[++i]);
@@ -458,10 +474,15 @@ int main(int argc, char** argv) {
         CK(cudaLibraryGetKernel(&g_triton[b], lib, "softmax_row_kernel"));
       }
       ++i;
+    } else if (!std::strcmp(argv[i], "--range") && i + 1 < argc) {
+      range = std::strtof(argv[++i], nullptr);
+    } else if (!std::strcmp(argv[i], "--spin-us") && i + 1 < argc) {
+      spin_ns = std::atoll(argv[++i]) * 1000;
     } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc && !std::strcmp(argv[i + 1], "hints")) {
       ++i;
     } else {
-      std::printf("usage: %s [--rounds N] [--set hints|flight|library|softmax] [--triton DIR]  (default 300, hints)\n"
+      std::printf("usage: %s [--rounds N] [--set hints|flight|library|softmax] [--triton DIR] [--range R] [--spin-us N]\n"
+                  "  (defaults: 300 rounds, hints, the bf16 fill, 100 us)\n"
                   "  hints: load flavours and carveouts on four row-sum shapes\n"
                   "  flight: bytes in flight per SM on bf16 8192x8192\n"
                   "  library: our row-sum launchers (auto, the loop kernel, the one-batch kernel's shapes)\n"
@@ -471,7 +492,7 @@ int main(int argc, char** argv) {
     }
   }
   // fp32 cases reuse the bf16 fill as bit patterns of two bf16 values: finite, |x| < 2.
-  const std::vector<Case> cases =
+  std::vector<Case> cases =
       softmax ? std::vector<Case>{{"softmax fp32 8192x8192", false, 8192, 8192, true},
                                   {"softmax bf16 8192x8192", true, 8192, 8192, true},
                                   {"softmax fp32 262144x128", false, 262144, 128, true},
@@ -482,6 +503,7 @@ int main(int argc, char** argv) {
                                   {"bf16 262144x128", true, 262144, 128},
                                   {"bf16 2048x32768", true, 2048, 32768},
                                   {"fp32 8192x8192", false, 8192, 8192}};
+  if (range > 0) cases.erase(std::remove_if(cases.begin(), cases.end(), [](const Case& c) { return c.bf16; }), cases.end());
   int64_t max_bytes = 0, max_out = 0;
   for (const Case& c : cases) max_bytes = std::max(max_bytes, c.Bytes()), max_out = std::max(max_out, c.OutBytes());
   const int64_t flush_bytes = int64_t{256} << 20;
@@ -492,13 +514,18 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&out, max_out));
   CK(cudaMalloc(&sink, 4096 * sizeof(float)));
   CK(cudaMemset(flush, 0, flush_bytes));
-  Fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(in), max_bytes / 2, 0x9e3779b9u);
+  if (range > 0) {
+    FillF32<<<1024, 256>>>(reinterpret_cast<float*>(in), max_bytes / 4, 0x9e3779b9u, range);
+  } else {
+    Fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(in), max_bytes / 2, 0x9e3779b9u);
+  }
   CK(cudaDeviceSynchronize());
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_sms = prop.multiProcessorCount;
-  std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20,
-              rounds);
+  std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds; spin %lld us; inputs %s\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, rounds, static_cast<long long>(spin_ns / 1000),
+              range > 0 ? ("fp32 uniform in +-" + std::to_string(range)).c_str() : "the bf16 fill");
 
   // Correctness: every impl against fp64 on the CPU of the same bytes, output poisoned with NaN
   // (0xff bytes): row sums of every row; softmax every 64th row, and no NaN anywhere.
@@ -575,7 +602,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds + 5; ++r) {
       for (int k = 0; k < nimpl; ++k) {
         const int i = (k + r) % nimpl;
-        Spin<<<1, 32>>>(100000);
+        Spin<<<1, 32>>>(spin_ns);
         Flush<<<flush_blocks, 256>>>(flush, flush_bytes / 16, sink);
         CK(cudaEventRecord(ev[2 * i]));
         if (i == g_num_impls) {
