@@ -229,25 +229,25 @@ __global__ void Flush(const uint4* buf, int64_t n, float* sink) {
   if (s == 12345.f) sink[blockIdx.x] = s;
 }
 
+// A value in [-1, 1) hashed from i and seed (the fills' generator).
+__device__ float Uniform(int64_t i, uint32_t seed) {
+  uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  h ^= h >> 15;
+  h *= 2246822519u;
+  h ^= h >> 13;
+  return (static_cast<float>(h & 0xffffff) / 16777216.f) * 2.f - 1.f;
+}
+
 __global__ void Fill(uint16_t* p, int64_t n, uint32_t seed) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    const float f = (static_cast<float>(h & 0xffffff) / 16777216.f) * 2.f - 1.f;  // [-1, 1)
-    p[i] = __bfloat16_as_ushort(__float2bfloat16(f));
+    p[i] = __bfloat16_as_ushort(__float2bfloat16(Uniform(i, seed)));
   }
 }
 
 // fp32 values uniform in [-r, r) (--range).
 __global__ void FillF32(float* p, int64_t n, uint32_t seed, float r) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = ((static_cast<float>(h & 0xffffff) / 16777216.f) * 2.f - 1.f) * r;
+    p[i] = Uniform(i, seed) * r;
   }
 }
 
