@@ -16,6 +16,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
@@ -103,4 +106,31 @@ FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const v
 // cudaGetErrorName of an error code above, e.g. "cudaErrorInvalidValue".
 FUSEBOX_CAPI const char* fusebox_bench_cuda_error_name(int error) {
   return cudaGetErrorName(static_cast<cudaError_t>(error));
+}
+
+// Diagnostic (memory_bound_peers.py --triton-cubin DIR): Triton's one-row softmax program, from a
+// cubin that bench/gpu/triton_softmax_cubin.py wrote, launched through this library's runtime as
+// our kernels are (grid = rows, 512 threads, 64 bytes of dynamic shared memory; arguments x, y,
+// cols and Triton's two scratch pointers, null). Loads the cubin on the first call per path.
+FUSEBOX_CAPI int fusebox_bench_softmax_cubin(const char* path, const void* in, void* out, int64_t rows, int cols,
+                                             void* stream) {
+  static std::map<std::string, cudaKernel_t> kernels;
+  static std::mutex mu;
+  cudaKernel_t k = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = kernels.find(path);
+    if (it == kernels.end()) {
+      cudaLibrary_t lib;
+      cudaError_t e = cudaLibraryLoadFromFile(&lib, path, nullptr, nullptr, 0, nullptr, nullptr, 0);
+      if (e == cudaSuccess) e = cudaLibraryGetKernel(&k, lib, "softmax_row_kernel");
+      if (e != cudaSuccess) return e;
+      it = kernels.emplace(path, k).first;
+    }
+    k = it->second;
+  }
+  void* none = nullptr;
+  void* args[] = {&in, &out, &cols, &none, &none};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(rows)), dim3(512), args, 64,
+                          static_cast<cudaStream_t>(stream));
 }

@@ -84,6 +84,10 @@ class Ours:
         self.error_name = lib.fusebox_bench_cuda_error_name
         self.error_name.restype = ctypes.c_char_p
         self.error_name.argtypes = [ctypes.c_int]
+        self.cubin_fn = lib.fusebox_bench_softmax_cubin
+        self.cubin_fn.restype = ctypes.c_int
+        self.cubin_fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                  ctypes.c_void_p]
         self._keep = []
 
     def _args(self, op, x, out, choice=None):
@@ -103,6 +107,18 @@ class Ours:
             rc = self.fn(*args)
             if rc != 0:
                 raise RuntimeError(f"fusebox_bench_memory_bound({op}): {self.error_name(rc).decode()} ({rc})")
+        return run
+
+    def cubin_launcher(self, path, x, out):
+        """A no-argument call of Triton's softmax program from the cubin at path (--triton-cubin),
+        launched by this library as it launches ours."""
+        args = [path.encode(), x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
+                torch.cuda.current_stream().cuda_stream]
+
+        def run():
+            rc = self.cubin_fn(*args)
+            if rc != 0:
+                raise RuntimeError(f"fusebox_bench_softmax_cubin: {self.error_name(rc).decode()} ({rc})")
         return run
 
     def describe(self, op, x, out, choice=None):
@@ -147,9 +163,14 @@ def main():
                     "is 'ours@base2', ...)")
     ap.add_argument("--pad-mib", type=int, default=0, metavar="N",
                     help="allocate N MiB before each case's tensors (a diagnostic: other physical placement)")
+    ap.add_argument("--gap-mib", type=int, default=0, metavar="N",
+                    help="allocate N MiB between each case's input and output (a diagnostic: their offset)")
     ap.add_argument("--flush", choices=["torch", "ours"], default="torch",
                     help="the L2 flush before each call: torch.sum over 256 MiB (default) or our row sum over "
                     "the same buffer with plain loads, as FlushL2 and the C++ bench (a diagnostic)")
+    ap.add_argument("--triton-cubin", metavar="DIR",
+                    help="also time Triton's softmax program from DIR/softmax_{fp32,bf16}.cubin "
+                    "(triton_softmax_cubin.py) at 8192 columns, launched by our library (a diagnostic)")
     args = ap.parse_args()
     shapes = []
     for sh in args.shape:
@@ -323,13 +344,26 @@ def main():
                 continue
             pad = torch.empty(args.pad_mib << 20, device="cuda", dtype=torch.uint8)  # held until the tensors go
             x = torch.empty(rows, cols, device="cuda", dtype=dt).uniform_(-4, 4)
+            gap = torch.empty(args.gap_mib << 20, device="cuda", dtype=torch.uint8)  # held until the tensors go
             y = torch.empty_like(x)
             ys = torch.empty(rows, device="cuda", dtype=torch.float32)
+            if args.pad_mib or args.gap_mib:
+                print(f"{dname} {rows}x{cols}: input at {x.data_ptr():#x}, output at {y.data_ptr():#x} "
+                      f"({(y.data_ptr() - x.data_ptr()) / 2**20:+.0f} MiB)", flush=True)
             peers = [("torch_eager", lambda: torch.softmax(x, dim=-1))]
             if not args.quick:
                 f = compiled(lambda t: torch.softmax(t, dim=-1))
                 peers.append(("torch_compile", lambda: f(x)))
             peers.append(("triton", lambda: triton_softmax(x, y)))
+            if args.triton_cubin and ours is not None and cols == 8192:
+                cubin = os.path.join(args.triton_cubin, f"softmax_{'fp32' if dt == torch.float32 else 'bf16'}.cubin")
+                run_cubin = ours.cubin_launcher(cubin, x, y)
+                y.fill_(float("nan"))
+                run_cubin()
+                tol = 1e-4 if es == 4 else 2e-2  # as check_ours
+                ok = torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=tol / cols, rtol=tol)
+                print(f"triton@capi ({cubin}) agrees with eager: {ok}", flush=True)
+                peers.append(("triton@capi", run_cubin))
             case("softmax", dname, rows, cols, 2.0 * rows * cols * es, x, y, peers)
             peers = [("torch_eager", lambda: torch.sum(x, dim=-1, dtype=torch.float32))]
             if not args.quick:
@@ -337,12 +371,13 @@ def main():
                 peers.append(("torch_compile", lambda: f2(x)))
             peers.append(("triton", lambda: triton_rowsum(x, ys)))
             case("rowsum", dname, rows, cols, 1.0 * rows * cols * es + 4.0 * rows, x, ys, peers)
-            del x, y, ys, pad
+            del x, y, ys, pad, gap
     method = "a ~300 us GPU spin (the host queues the call meanwhile), then L2 flushed by a 256 MiB read, before each call; CUDA events; median"
     if ours is not None:
         method += "; ours and the peers interleaved in this process, rotating order"
-    if args.flush != "torch" or args.pad_mib:
-        method += f"; DIAGNOSTIC RUN: flush by {args.flush}, {args.pad_mib} MiB allocated before each case"
+    if args.flush != "torch" or args.pad_mib or args.gap_mib or args.triton_cubin:
+        method += (f"; DIAGNOSTIC RUN: flush by {args.flush}, {args.pad_mib} MiB allocated before each case, "
+                   f"{args.gap_mib} MiB between input and output, Triton cubin {args.triton_cubin}")
     wrong = sum(1 for r in recs if r["impl"] == "ours" and r["error"])
     with open(args.json, "w") as fh:
         json.dump(dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
