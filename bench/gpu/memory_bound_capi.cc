@@ -123,10 +123,12 @@ FUSEBOX_CAPI int fusebox_bench_softmax_cubin(const char* path, const void* in, v
     if (it == kernels.end()) {
       cudaLibrary_t lib;
       cudaError_t e = cudaLibraryLoadFromFile(&lib, path, nullptr, nullptr, 0, nullptr, nullptr, 0);
-      if (e != cudaSuccess) return e;
-      e = cudaLibraryGetKernel(&k, lib, "softmax_row_kernel");
+      if (e == cudaSuccess) {
+        e = cudaLibraryGetKernel(&k, lib, "softmax_row_kernel");
+        if (e != cudaSuccess) cudaLibraryUnload(lib);
+      }
       if (e != cudaSuccess) {
-        cudaLibraryUnload(lib);
+        cudaGetLastError();  // returned here, not left for the next launch (ours or torch's) to report
         return e;
       }
       it = kernels.emplace(path, k).first;
