@@ -35,16 +35,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/gpu/check_cuda.h"
+#include "bench/gpu/triton_softmax_program.h"
 #include "kernels/cuda/launch.h"
-
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                    \
-    }                                                                                  \
-  } while (0)
 
 namespace {
 
@@ -271,14 +264,14 @@ bool LaunchCase(const uint4* in, float* out, const Case& c) {
   const int nacc = static_cast<int>(c.Nacc());
   auto go = [&](auto kernel, int64_t blocks, const auto* src, int n) {
     if constexpr (Carveout >= 0) {
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
+      CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
     }
     kernel<<<static_cast<unsigned>(blocks), 256>>>(src, out, n);
   };
   if (c.cols == 128 && c.bf16) {
     auto k = ShortRows<F, Tag>;
     if constexpr (Carveout >= 0) {
-      CK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
+      CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, Carveout));
     }
     k<<<static_cast<unsigned>((c.rows + 31) / 32), 256>>>(in, out, c.rows);
   } else if (c.bf16 && nacc == 1024) {
@@ -394,20 +387,12 @@ bool LaunchSoftmaxLib(const uint4* in, float* out, const Case& c) {
   const auto dt = c.bf16 ? fusebox::DType::kBFloat16 : fusebox::DType::kFloat32;
   return fusebox::cuda::LaunchSoftmaxWith(k, dt, in, out, c.rows, c.cols, 0) == cudaSuccess;
 }
-// Triton's compiled one-row program (triton_peers.py's softmax_row_kernel, BLOCK 8192, 16
-// warps): arguments x, y, cols and two scratch pointers Triton adds (unused: null), 64 bytes of
-// dynamic shared memory.
+// Triton's compiled one-row program (--triton; triton_softmax_program.h), 8192 columns only.
 cudaKernel_t g_triton[2] = {nullptr, nullptr};  // fp32, bf16
 bool LaunchTritonSoftmax(const uint4* in, float* out, const Case& c) {
   cudaKernel_t k = g_triton[c.bf16];
   if (!c.softmax || c.cols != 8192 || !k) return false;
-  const void* x = in;
-  void* y = out;
-  int cols = static_cast<int>(c.cols);
-  void* none = nullptr;
-  void* args[] = {&x, &y, &cols, &none, &none};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(c.rows)), dim3(512), args, 64,
-                          0) == cudaSuccess;
+  return fusebox::bench::LaunchTritonSoftmax(k, in, out, c.rows, static_cast<int>(c.cols), 0) == cudaSuccess;
 }
 const Impl kSoftmax[] = {
     {"library auto", LaunchSoftmaxLib<0>},
@@ -469,9 +454,7 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--triton") && i + 1 < argc) {
       for (int b = 0; b < 2; ++b) {
         const std::string path = std::string(argv[i + 1]) + (b ? "/softmax_bf16.cubin" : "/softmax_fp32.cubin");
-        cudaLibrary_t lib;
-        CK(cudaLibraryLoadFromFile(&lib, path.c_str(), nullptr, nullptr, 0, nullptr, nullptr, 0));
-        CK(cudaLibraryGetKernel(&g_triton[b], lib, "softmax_row_kernel"));
+        CHECK_CUDA(fusebox::bench::LoadTritonSoftmax(path.c_str(), &g_triton[b]));
       }
       ++i;
     } else if (!std::strcmp(argv[i], "--range") && i + 1 < argc) {
@@ -509,19 +492,19 @@ int main(int argc, char** argv) {
   const int64_t flush_bytes = int64_t{256} << 20;
   uint4 *in, *flush;
   float *out, *sink;
-  CK(cudaMalloc(&in, max_bytes));
-  CK(cudaMalloc(&flush, flush_bytes));
-  CK(cudaMalloc(&out, max_out));
-  CK(cudaMalloc(&sink, 4096 * sizeof(float)));
-  CK(cudaMemset(flush, 0, flush_bytes));
+  CHECK_CUDA(cudaMalloc(&in, max_bytes));
+  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  CHECK_CUDA(cudaMalloc(&out, max_out));
+  CHECK_CUDA(cudaMalloc(&sink, 4096 * sizeof(float)));
+  CHECK_CUDA(cudaMemset(flush, 0, flush_bytes));
   if (range > 0) {
     FillF32<<<1024, 256>>>(reinterpret_cast<float*>(in), max_bytes / 4, 0x9e3779b9u, range);
   } else {
     Fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(in), max_bytes / 2, 0x9e3779b9u);
   }
-  CK(cudaDeviceSynchronize());
+  CHECK_CUDA(cudaDeviceSynchronize());
   cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   g_sms = prop.multiProcessorCount;
   std::printf("GPU %s, %d SMs, L2 %d MiB; %d rounds; spin %lld us; inputs %s\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, rounds, static_cast<long long>(spin_ns / 1000),
@@ -530,7 +513,7 @@ int main(int argc, char** argv) {
   // Correctness: every impl against fp64 on the CPU of the same bytes, output poisoned with NaN
   // (0xff bytes): row sums of every row; softmax every 64th row, and no NaN anywhere.
   std::vector<uint16_t> host(max_bytes / 2);
-  CK(cudaMemcpy(host.data(), in, max_bytes, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(host.data(), in, max_bytes, cudaMemcpyDeviceToHost));
   auto value = [&](const Case& c, int64_t i) { return ElementAt(host.data(), c.bf16, i); };
   bool ok = true;
   for (const Case& c : cases) {
@@ -551,10 +534,10 @@ int main(int argc, char** argv) {
     }
     std::vector<uint8_t> got_bytes(c.OutBytes());
     for (int f = 0; f < g_num_impls; ++f) {
-      CK(cudaMemset(out, 0xff, c.OutBytes()));  // NaN
+      CHECK_CUDA(cudaMemset(out, 0xff, c.OutBytes()));  // NaN
       if (!g_impls[f].launch(in, out, c)) continue;
-      CK(cudaGetLastError());
-      CK(cudaMemcpy(got_bytes.data(), out, c.OutBytes(), cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaGetLastError());
+      CHECK_CUDA(cudaMemcpy(got_bytes.data(), out, c.OutBytes(), cudaMemcpyDeviceToHost));
       double worst = 0;
       if (c.softmax) {
         // fp32 output: relative 1e-5 (ex2.approx, the folded exponent); bf16 output: its rounding.
@@ -593,7 +576,7 @@ int main(int argc, char** argv) {
   // Timing: per case, rounds of (spin, flush, events around one impl) for every impl in rotation.
   const int nimpl = g_num_impls + 1;  // + the empty kernel
   std::vector<cudaEvent_t> ev(2 * nimpl);
-  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (auto& e : ev) CHECK_CUDA(cudaEventCreate(&e));
   const int flush_blocks = prop.multiProcessorCount * 8;
   std::printf("\n| case | impl | median us | GB/s | vs first | p10-p90 us |\n|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
@@ -604,21 +587,21 @@ int main(int argc, char** argv) {
         const int i = (k + r) % nimpl;
         Spin<<<1, 32>>>(spin_ns);
         Flush<<<flush_blocks, 256>>>(flush, flush_bytes / 16, sink);
-        CK(cudaEventRecord(ev[2 * i]));
+        CHECK_CUDA(cudaEventRecord(ev[2 * i]));
         if (i == g_num_impls) {
           Empty<<<1, 32>>>();
         } else if (!g_impls[i].launch(in, out, c)) {
           continue;
         }
-        CK(cudaEventRecord(ev[2 * i + 1]));
+        CHECK_CUDA(cudaEventRecord(ev[2 * i + 1]));
         ran[i] = true;
       }
-      CK(cudaDeviceSynchronize());
+      CHECK_CUDA(cudaDeviceSynchronize());
       if (r < 5) continue;  // warm-up
       for (int i = 0; i < nimpl; ++i) {
         if (!ran[i]) continue;
         float ms;
-        CK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        CHECK_CUDA(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
         t[i].push_back(ms * 1000.f);
       }
     }

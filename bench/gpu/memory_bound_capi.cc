@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "bench/gpu/triton_softmax_program.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
 
@@ -110,8 +111,7 @@ FUSEBOX_CAPI const char* fusebox_bench_cuda_error_name(int error) {
 
 // Diagnostic (memory_bound_peers.py --triton-cubin DIR): Triton's one-row softmax program, from a
 // cubin that bench/gpu/triton_softmax_cubin.py wrote, launched through this library's runtime as
-// our kernels are (grid = rows, 512 threads, 64 bytes of dynamic shared memory; arguments x, y,
-// cols and Triton's two scratch pointers, null). Loads the cubin on the first call per path.
+// our kernels are (triton_softmax_program.h). Loads the cubin on the first call per path.
 FUSEBOX_CAPI int fusebox_bench_softmax_cubin(const char* path, const void* in, void* out, int64_t rows, int cols,
                                              void* stream) {
   static std::map<std::string, cudaKernel_t> kernels;
@@ -121,12 +121,7 @@ FUSEBOX_CAPI int fusebox_bench_softmax_cubin(const char* path, const void* in, v
     std::lock_guard<std::mutex> lock(mu);
     auto it = kernels.find(path);
     if (it == kernels.end()) {
-      cudaLibrary_t lib;
-      cudaError_t e = cudaLibraryLoadFromFile(&lib, path, nullptr, nullptr, 0, nullptr, nullptr, 0);
-      if (e == cudaSuccess) {
-        e = cudaLibraryGetKernel(&k, lib, "softmax_row_kernel");
-        if (e != cudaSuccess) cudaLibraryUnload(lib);
-      }
+      const cudaError_t e = fusebox::bench::LoadTritonSoftmax(path, &k);
       if (e != cudaSuccess) {
         cudaGetLastError();  // returned here, not left for the next launch (ours or torch's) to report
         return e;
@@ -135,8 +130,5 @@ FUSEBOX_CAPI int fusebox_bench_softmax_cubin(const char* path, const void* in, v
     }
     k = it->second;
   }
-  void* none = nullptr;
-  void* args[] = {&in, &out, &cols, &none, &none};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(static_cast<unsigned>(rows)), dim3(512), args, 64,
-                          static_cast<cudaStream_t>(stream));
+  return fusebox::bench::LaunchTritonSoftmax(k, in, out, rows, cols, static_cast<cudaStream_t>(stream));
 }
