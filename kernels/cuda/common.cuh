@@ -409,5 +409,23 @@ inline int Pow2Ceil(int64_t x) {
   return p;
 }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// A launch (or occupancy query) of `blocks` blocks of `threads` with `smem` bytes of dynamic shared
+// memory, in clusters of `csize` blocks along x; `attr` (one element, the caller's) holds the
+// cluster attribute, which is left off for csize 1 unless `always_cluster` (occupancy queries).
+inline cudaLaunchConfig_t ClusterLaunchConfig(unsigned blocks, int threads, int smem, int csize, cudaStream_t s,
+                                              cudaLaunchAttribute* attr, bool always_cluster = false) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = csize;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = csize > 1 || always_cluster ? 1 : 0;
+  return cfg;
+}
 
 }  // namespace fusebox::cuda

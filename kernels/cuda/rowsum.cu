@@ -393,17 +393,9 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
       return e != cudaSuccess ? e : cudaGetLastError();
     }
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows * p.csize));
-  cfg.blockDim = dim3(p.threads);
-  cfg.stream = s;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = p.csize;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.csize > 1 ? 1 : 0;
+  const cudaLaunchConfig_t cfg =
+      ClusterLaunchConfig(static_cast<unsigned>(rows * p.csize), p.threads, 0, p.csize, s, attr);
   int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
   void* args[] = {&in, &out, &nacc, &chunk, &csize};
   const void* kernel = LongKernel<T, W>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it

@@ -738,17 +738,8 @@ bool PrepareKernel(const void* kernel) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBigSmemBytes);
   bool c16 = false;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(16 * 16);
-    cfg.blockDim = dim3(kChunkMaxThreads);
-    cfg.dynamicSmemBytes = kBigSmemBytes;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 16;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = ClusterLaunchConfig(16 * 16, kChunkMaxThreads, kBigSmemBytes, 16, nullptr, attr);
     int clusters = 0;
     c16 = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters >= 1;
   }
@@ -765,17 +756,8 @@ int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
   auto it = g_active.find(key);
   if (it != g_active.end()) return it->second;
   int n = 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(csize * 64);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = csize;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = ClusterLaunchConfig(csize * 64, threads, smem, csize, nullptr, attr, true);
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) n = 0;
   cudaGetLastError();
   g_active[key] = n;
@@ -1055,18 +1037,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
 }
 
 cudaLaunchConfig_t ClusterConfig(const Plan& p, unsigned blocks, cudaStream_t s, cudaLaunchAttribute* attr) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(p.threads);
-  cfg.dynamicSmemBytes = p.smem_acc * 16;
-  cfg.stream = s;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = p.csize;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.csize > 1 ? 1 : 0;
-  return cfg;
+  return ClusterLaunchConfig(blocks, p.threads, p.smem_acc * 16, p.csize, s, attr);
 }
 
 // The split path's arguments in the workspace, its words set to the unset marker on the stream.
