@@ -140,11 +140,14 @@ inline std::vector<Variant> Variants() {
   split(D::kBFloat16, 16, 512, 4, 0);
   split(D::kBFloat16, 32, 256, 4, 0);
   split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice before run 18
-  // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1).
+  // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1; run 36: the
+  // automatic choice for fp32 at 1/4, 2-byte rows lose with it).
   for (D d : {D::kFloat32, D::kBFloat16}) {
-    cuda::KernelChoice k;
-    k.prefetch = 2;
-    add("softmax", {8192, 8192}, d, k, "auto prefetch=2");
+    for (int q : {-1, 1, 2}) {
+      cuda::KernelChoice k;
+      k.prefetch = q;
+      add("softmax", {8192, 8192}, d, k, q < 0 ? "auto no prefetch" : q == 1 ? "auto prefetch=1" : "auto prefetch=2");
+    }
   }
   // The row-block kernel at 256 threads x 8 (fp32 8192^2's default before run 22, now 512 x 4).
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 0, 256, 0, 0), "rowblock t=256 v=8");

@@ -20,8 +20,9 @@
 //    block writes its chunk: e^(x - max) / sum. The row's blocks are
 //      * one block (rows up to 18432 accesses; rows of up to 2048 accesses, all in the registers
 //        of <= 256 threads x 8 or 512 x 4, take a lean copy of the kernel with <= 48 registers and
-//        the default hints fixed; fp32 8192 columns: 512 x 4, 38 registers; 2-byte rows of exactly
-//        1024 accesses: the exact kernel at 512 x 2, one exp per element, no bounds checks), or a
+//        the default hints fixed; fp32 8192 columns: 512 x 4, 38 registers, thread 0 prefetching
+//        into L2 the row a quarter of the resident blocks ahead; 2-byte rows of exactly 1024
+//        accesses: the exact kernel at 512 x 2, one exp per element, no bounds checks), or a
 //        thread-block cluster of C = 2 or 4 combining through distributed shared memory (one
 //        cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
@@ -429,6 +430,15 @@ struct ChunkPart {
   }
 };
 
+// One thread's L2 prefetch of n 16-byte accesses at g (cp.async.bulk.prefetch in kBulkPiece
+// pieces): the DRAM reads of a block that starts later go on while this block reduces and stores.
+__device__ __forceinline__ void PrefetchL2(const void* g, int64_t n) {
+  const uint32_t bytes = static_cast<uint32_t>(n) * 16u;
+  for (uint32_t off = 0; off < bytes; off += kBulkPiece) {
+    BulkPrefetchL2(static_cast<const char*>(g) + off, min(kBulkPiece, bytes - off));
+  }
+}
+
 // grid.x = rows * csize (rows * sp.blocks when split); cluster (csize, 1, 1) when csize > 1.
 // smem_acc: accesses of the chunk held in dynamic shared memory (vector path only).
 template <typename T, int W, int VPT>
@@ -460,10 +470,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     if (ahead > 0 && t == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
       const int64_t fb = blockIdx.x + static_cast<int64_t>(ahead);
       const int fa0 = static_cast<int>(fb % per_row) * chunk;
-      const int fn = max(0, min(nacc - fa0, chunk));
-      const char* g = reinterpret_cast<const char*>(reinterpret_cast<const R*>(in) + (fb / per_row) * nacc + fa0);
-      const uint32_t bytes = static_cast<uint32_t>(fn) * 16u;
-      for (uint32_t off = 0; off < bytes; off += kBulkPiece) BulkPrefetchL2(g + off, min(kBulkPiece, bytes - off));
+      PrefetchL2(reinterpret_cast<const R*>(in) + (fb / per_row) * nacc + fa0, max(0, min(nacc - fa0, chunk)));
     }
     __syncthreads();  // the mbarriers are initialised before anyone waits on them
   }
@@ -504,20 +511,27 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 // (plain loads and stores, the FFMA exponent) fixed at compile time: run-time flags cost fp32
 // VPT 4 six registers (NOTES.md run 21). MaxT = 256 is held to 48 registers (5 blocks of 256 per
 // SM where SoftmaxChunkKernel's 64 allow 4, run 20); MaxT = 512 (VPT <= 4) to 40 (fp32 VPT 4: 39,
-// no spill), 3 blocks of 512 as Triton's 8192-column row program.
+// no spill), 3 blocks of 512 as Triton's 8192-column row program. Prefetch (512-thread vector
+// kernels): after its loads, thread 0 prefetches into L2 the row `ahead` blocks later, as the chunk
+// kernel does; `ahead` is unused otherwise.
 constexpr int kRowBlockThreads = 256, kRowBlockWideThreads = 512;
 template <int MaxT>
 constexpr int RowBlockMinBlocks() { return MaxT > kRowBlockThreads ? 3 : 5; }
 
-template <typename T, int W, int VPT, int MaxT = kRowBlockThreads>
+template <typename T, int W, int VPT, int MaxT = kRowBlockThreads, bool Prefetch = false>
 __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlockKernel(const T* in, T* out,
-                                                                                          int nacc) {
+                                                                                          int nacc, int ahead) {
   using R = typename Pack<T, W>::Raw;
   __shared__ MaxSum scratch[33];
   const int64_t off = static_cast<int64_t>(blockIdx.x) * nacc;
   ChunkPart<T, W, VPT, true> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off, nacc, 0,
                                   nullptr, nullptr);
   part.Issue(false);
+  if constexpr (Prefetch) {
+    if (threadIdx.x == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
+      PrefetchL2(reinterpret_cast<const R*>(in) + off + static_cast<int64_t>(ahead) * nacc, nacc);
+    }
+  }
   const MaxSum tot = BlockReduce(part.Reduce(true), scratch);
   part.Write(tot, true, false);
 }
@@ -527,16 +541,22 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlo
 // Each thread loads its VPT accesses, the block's max (plain fmaxf, one barrier), e^(x - max) in
 // place of x, the block's sum (one barrier), then x times 1/sum. The max is the row's max, so
 // special values need no partial-state rules (as the short-row KeepExp kernel).
-template <typename T, int W, int VPT, int MaxT = kRowBlockThreads>
-__global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExactKernel(const T* in, T* out) {
+template <typename T, int W, int VPT, int MaxT = kRowBlockThreads, bool Prefetch = false>
+__global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExactKernel(const T* in, T* out,
+                                                                                          int nacc, int ahead) {
   using R = typename Pack<T, W>::Raw;
   static_assert(W > 1 && VPT * W <= 32, "the row's values are held as floats");
   __shared__ float slots[2][MaxT / 32];
-  const int nt = blockDim.x;
+  const int nt = blockDim.x;  // nacc == nt * VPT
   const int64_t off = static_cast<int64_t>(blockIdx.x) * nt * VPT + threadIdx.x;
   R v[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) v[j] = LoadHint(kDefaultStreaming, reinterpret_cast<const R*>(in) + off + j * nt);
+  if constexpr (Prefetch) {
+    if (threadIdx.x == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
+      PrefetchL2(reinterpret_cast<const R*>(in) + off + static_cast<int64_t>(ahead) * nacc, nacc);
+    }
+  }
   float m = -INFINITY;
 #pragma unroll
   for (int j = VPT - 1; j >= 0; --j) m = fmaxf(m, MaxOf<T, W>(v[j]));  // last first: every load issued
@@ -765,9 +785,10 @@ int ActiveClusters(const void* kernel, int csize, int threads, int smem) {
 }
 
 // Blocks of `kernel` the whole device holds at once (plain launch), cached like ActiveClusters.
+// Only kernels with dynamic shared memory are prepared (the row-block kernels keep their attributes).
 std::map<std::tuple<const void*, int, int, int>, int> g_resident;
 int ResidentBlocks(const void* kernel, int threads, int smem) {
-  PrepareKernel(kernel);
+  if (smem > 0) PrepareKernel(kernel);
   const int dev = CurrentDevice();
   std::lock_guard<std::mutex> lock(g_mu);
   const auto key = std::make_tuple(kernel, dev, threads, smem);
@@ -796,33 +817,44 @@ decltype(auto) WithVpt(int vpt, F&& f) {
 }
 // The row-block kernel's block size: 512 threads where VPT <= 4 and more than 256 are asked for.
 int RowBlockMaxThreads(int vpt) { return vpt <= 4 ? kRowBlockWideThreads : kRowBlockThreads; }
+// The row-block kernel for (vpt, threads); with `prefetch`, its prefetching form, which only
+// 512-thread vector kernels have (nullptr otherwise).
 template <typename T, int W, int VPT>
-const void* RowBlockKernelPtrV(int threads) {
+const void* RowBlockKernelPtrV(int threads, bool prefetch) {
   if constexpr (VPT <= 4) {
     if (threads > kRowBlockThreads) {
+      if constexpr (Pack<T, W>::kVec) {
+        if (prefetch) {
+          return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads, true>);
+        }
+      }
+      if (prefetch) return nullptr;
       return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads>);
     }
   }
+  if (prefetch) return nullptr;
   return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT>);
 }
 template <typename T, int W>
-const void* RowBlockKernelPtr(int vpt, int threads) {
-  return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v()>(threads); });
+const void* RowBlockKernelPtr(int vpt, int threads, bool prefetch) {
+  return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v()>(threads, prefetch); });
 }
 // The exact row-block kernel: <= 32 floats per thread, <= 16 in 512-thread blocks (their 40
-// registers spill 32); nullptr for any other.
+// registers spill 32); its prefetching form in 512-thread blocks only; nullptr for any other.
 template <typename T, int W>
-const void* RowExactKernelPtr(int vpt, int threads) {
+const void* RowExactKernelPtr(int vpt, int threads, bool prefetch) {
   return WithVpt(vpt, [&](auto v) -> const void* {
     constexpr int VPT = v();
     if constexpr (W > 1 && VPT * W <= 32) {
       if (threads > kRowBlockThreads) {
         if constexpr (VPT * W <= 16) {
-          return reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT, kRowBlockWideThreads>);
+          return prefetch ? reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT, kRowBlockWideThreads, true>)
+                          : reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT, kRowBlockWideThreads>);
         } else {
           return nullptr;
         }
       }
+      if (prefetch) return nullptr;
       return reinterpret_cast<const void*>(SoftmaxRowExactKernel<T, W, VPT>);
     } else {
       return nullptr;
@@ -990,38 +1022,55 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (rows * csize * split > INT_MAX) return cudaErrorInvalidValue;
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
-  const int prefetch = k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0;
-  if (prefetch > 0 && p->vec && !pipe) {  // quarters of the blocks resident at once
-    p->ahead = static_cast<int>(
-        std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem_acc * 16)} * prefetch / 4));
-  }
+  // L2 prefetch distance in quarters of the blocks resident at once (vector rows, one-shot kernels).
+  const int prefetch = p->vec && !pipe ? (k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0) : 0;
+  int quarters = prefetch;  // the launched kernel's
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   // A row in the registers of one block (<= 256 threads, or 512 with <= 4 accesses each) and
-  // nothing else asked for (no cluster size, no prefetch, the default hints): the lean kernel.
-  if (!pipe && k.cluster == 0 && csize == 1 && split == 1 && smem_acc == 0 && p->ahead == 0 && !p->cs && p->fma &&
+  // nothing else asked for (no cluster size, the default hints): the lean kernel, if it has the
+  // form asked for (a prefetch: 512-thread vector kernels only).
+  if (!pipe && k.cluster == 0 && csize == 1 && split == 1 && smem_acc == 0 && !p->cs && p->fma &&
       threads <= RowBlockMaxThreads(vpt) && chunk <= int64_t{threads} * vpt) {
-    p->kind = Kind::kRowBlock;
+    int lvpt = vpt, lthreads = threads;
     // 4-byte rows of 1025-2048 accesses (fp32 8192 columns): 512 threads x 4 (39 registers, 3
     // blocks per SM, 75%) rather than 256 x 8 (48, 5 blocks, 62.5%): +0.3% (NOTES.md run 22).
     if (sizeof(T) == 4 && p->vec && !k.vectors_per_thread && !k.threads && chunk > 1024) {
-      vpt = 4;
-      threads = RoundUp32(CeilDiv(chunk, vpt));
+      lvpt = 4;
+      lthreads = RoundUp32(CeilDiv(chunk, lvpt));
     }
     // 2-byte rows of exactly 1024 accesses (8192 columns): the exact kernel at 512 x 2 rather than
     // the row-block kernel at 128 x 8 (bf16 8192^2 +0.6% in the probe, NOTES.md run 33).
     if (sizeof(T) == 2 && p->vec && !k.vectors_per_thread && !k.threads && k.exp_once >= 0 && chunk == 1024) {
-      vpt = 2;
-      threads = 512;
+      lvpt = 2;
+      lthreads = 512;
     }
+    // 4-byte rows of one 512-thread block (fp32 4097-8192 columns): automatically the prefetch a
+    // quarter of the resident blocks ahead (fp32 8192^2 +1.5%, 1.012x Triton; 2-byte rows lose 1-3%
+    // with it: NOTES.md run 36).
+    const int lprefetch = k.prefetch == 0 && sizeof(T) == 4 && p->vec && lthreads > kRowBlockThreads ? 1 : prefetch;
+    const bool pf = lprefetch > 0;
     // Rows of exactly threads x vpt accesses whose values fit as floats: the exact kernel (one exp
     // per element, no bounds checks), automatically for 2-byte types; exp_once = 1 asks for it on
     // 4-byte rows too, -1 keeps the recomputing kernel. fp32 8192^2 in the probe: the recomputing
     // kernel 0.1-0.3% faster than the exact one and Triton's compiled program (NOTES.md run 33).
-    const void* exact = p->vec && chunk == int64_t{threads} * vpt ? RowExactKernelPtr<T, W>(vpt, threads) : nullptr;
-    p->exp_once = exact != nullptr && (k.exp_once > 0 || (k.exp_once == 0 && sizeof(T) == 2));
-    kernel = p->exp_once ? exact
-             : p->vec    ? RowBlockKernelPtr<T, W>(vpt, threads)
-                         : RowBlockKernelPtr<T, 1>(vpt, threads);
+    const void* exact =
+        p->vec && chunk == int64_t{lthreads} * lvpt ? RowExactKernelPtr<T, W>(lvpt, lthreads, pf) : nullptr;
+    const bool exp_once = exact != nullptr && (k.exp_once > 0 || (k.exp_once == 0 && sizeof(T) == 2));
+    const void* lean = exp_once ? exact
+                       : p->vec ? RowBlockKernelPtr<T, W>(lvpt, lthreads, pf)
+                                : RowBlockKernelPtr<T, 1>(lvpt, lthreads, pf);
+    if (lean != nullptr) {
+      p->kind = Kind::kRowBlock;
+      p->exp_once = exp_once;
+      kernel = lean;
+      vpt = lvpt;
+      threads = lthreads;
+      quarters = lprefetch;
+    }
+  }
+  if (quarters > 0) {
+    const int smem = p->kind == Kind::kRowBlock ? 0 : smem_acc * 16;
+    p->ahead = static_cast<int>(std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem)} * quarters / 4));
   }
   p->kernel = kernel;
   p->vpt = vpt;
@@ -1054,8 +1103,8 @@ template <typename T>
 cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
   const T* i = static_cast<const T*>(in);
   T* o = static_cast<T*>(out);
-  int nacc = p.nacc;
-  void* args[] = {&i, &o, &nacc};  // the exact kernel takes the first two
+  int nacc = p.nacc, ahead = p.ahead;
+  void* args[] = {&i, &o, &nacc, &ahead};
   const cudaError_t e = cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
   return e != cudaSuccess ? e : cudaGetLastError();
 }

@@ -470,11 +470,55 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   char desc[128];
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 2047, bench::Choice(0, 4, 0, 512, 0, 1), desc, sizeof desc);
   EXPECT_NE(std::string(desc).find("softmax/rowblock scalar c=1 t=512 v=4"), std::string::npos) << desc;
-  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, the exact kernel at 512 x 2 for 2-byte ones.
+  // The automatic choice at 8192 columns: 512 x 4 prefetching a later row for 4-byte types, the
+  // exact kernel at 512 x 2 without for 2-byte ones; prefetch = -1 turns the prefetch off.
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, KernelChoice{}, desc, sizeof desc);
-  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain"
+  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain ahead="
                                                    : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
   EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
+  KernelChoice off;
+  off.prefetch = -1;
+  cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, off, desc, sizeof desc);
+  EXPECT_EQ(std::string(desc).find("ahead="), std::string::npos) << desc;
+  CheckSoftmax(7, 8192, {0, 0}, off);
+}
+
+// The row-block kernels prefetching a later block's row into L2 (prefetch = 1, 2, 8: 512-thread
+// vector rows, fp32 8192 columns recomputing and exact, 2-byte 8192 columns exact): fewer rows than
+// the distance, many more (the last blocks prefetch nothing), special rows, misaligned rows (the
+// scalar path, no prefetch); a shape without the prefetching form (256 x 8) takes the chunk kernel.
+TEST_P(MemoryBound, SoftmaxRowBlockPrefetch) {
+  const DType dt = GetParam();
+  const int64_t cols = 8192;
+  auto describe = [dt](const KernelChoice& k) {
+    char desc[128];
+    cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 7, cols,
+                          k, desc, sizeof desc);
+    return std::string(desc);
+  };
+  for (int q : {1, 2, 8}) {
+    for (int exp_once : {0, 1}) {
+      KernelChoice k;
+      k.prefetch = q;
+      k.exp_once = exp_once;
+      const std::string desc = describe(k);
+      SCOPED_TRACE(::testing::Message() << "prefetch " << q << " exp_once " << exp_once << ": " << desc);
+      EXPECT_NE(desc.find("softmax/rowblock vec c=1 t=512"), std::string::npos);
+      EXPECT_NE(desc.find(" ahead="), std::string::npos);
+      CheckSoftmax(3, cols, {0, 0}, k);
+      CheckSoftmax(SmallMode() ? 300 : 2000, cols, {0, 0}, k);
+      CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
+      CheckSoftmax(5, cols, {1, 3}, k);
+    }
+  }
+  KernelChoice k = bench::Choice(0, 8, 0, 256, 0, 1);
+  k.prefetch = 1;
+  const int64_t cols256 = 256 * 8 * (16 / static_cast<int64_t>(ElementSize(dt)));
+  char desc[128];
+  cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 7, cols256,
+                        k, desc, sizeof desc);
+  EXPECT_NE(std::string(desc).find("softmax/chunk vec c=1 t=256 v=8"), std::string::npos) << desc;
+  CheckSoftmax(300, cols256, {0, 0}, k);
 }
 
 // The exact kernels: rows of exactly their shape, without bounds checks, one exp per element.
