@@ -141,7 +141,7 @@ inline std::vector<Variant> Variants() {
   split(D::kBFloat16, 32, 256, 4, 0);
   split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice before run 18
   // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1; run 36: the
-  // automatic choice for fp32 at 1/4, 2-byte rows lose with it).
+  // row-block kernels' own prefetching form, fp32 +0-2.3% at 1/4, 2-byte rows -1-3%).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (int q : {-1, 1, 2}) {
       cuda::KernelChoice k;
