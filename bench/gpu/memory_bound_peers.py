@@ -350,9 +350,10 @@ def main():
             gap = torch.empty(args.gap_mib << 20, device="cuda", dtype=torch.uint8)  # held until the tensors go
             y = torch.empty_like(x)
             ys = torch.empty(rows, device="cuda", dtype=torch.float32)
-            if args.pad_mib or args.gap_mib:
-                print(f"{dname} {rows}x{cols}: input at {x.data_ptr():#x}, output at {y.data_ptr():#x} "
-                      f"({(y.data_ptr() - x.data_ptr()) / 2**20:+.0f} MiB)", flush=True)
+            # Where the caching allocator put them (the same kernels time ~1.5% apart between this
+            # process and a --only one: NOTES.md run 36), said for every case.
+            print(f"{dname} {rows}x{cols}: input at {x.data_ptr():#x}, output at {y.data_ptr():#x} "
+                  f"({(y.data_ptr() - x.data_ptr()) / 2**20:+.0f} MiB)", flush=True)
             peers = [("torch_eager", lambda: torch.softmax(x, dim=-1))]
             if not args.quick:
                 f = compiled(lambda t: torch.softmax(t, dim=-1))
