@@ -439,6 +439,15 @@ __device__ __forceinline__ void PrefetchL2(const void* g, int64_t n) {
   }
 }
 
+// One block per row of nacc accesses at `in`: thread 0 prefetches the row `ahead` blocks later, if
+// the grid has it (the row-block kernels' prefetching form).
+template <typename R>
+__device__ __forceinline__ void PrefetchRowAhead(const R* in, int nacc, int ahead) {
+  if (threadIdx.x == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
+    PrefetchL2(in + (blockIdx.x + static_cast<int64_t>(ahead)) * nacc, nacc);
+  }
+}
+
 // grid.x = rows * csize (rows * sp.blocks when split); cluster (csize, 1, 1) when csize > 1.
 // smem_acc: accesses of the chunk held in dynamic shared memory (vector path only).
 template <typename T, int W, int VPT>
@@ -527,11 +536,7 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlo
   ChunkPart<T, W, VPT, true> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off, nacc, 0,
                                   nullptr, nullptr);
   part.Issue(false);
-  if constexpr (Prefetch) {
-    if (threadIdx.x == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
-      PrefetchL2(reinterpret_cast<const R*>(in) + off + static_cast<int64_t>(ahead) * nacc, nacc);
-    }
-  }
+  if constexpr (Prefetch) PrefetchRowAhead(reinterpret_cast<const R*>(in), nacc, ahead);
   const MaxSum tot = BlockReduce(part.Reduce(true), scratch);
   part.Write(tot, true, false);
 }
@@ -552,11 +557,7 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExa
   R v[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) v[j] = LoadHint(kDefaultStreaming, reinterpret_cast<const R*>(in) + off + j * nt);
-  if constexpr (Prefetch) {
-    if (threadIdx.x == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
-      PrefetchL2(reinterpret_cast<const R*>(in) + off + static_cast<int64_t>(ahead) * nacc, nacc);
-    }
-  }
+  if constexpr (Prefetch) PrefetchRowAhead(reinterpret_cast<const R*>(in), nacc, ahead);
   float m = -INFINITY;
 #pragma unroll
   for (int j = VPT - 1; j >= 0; --j) m = fmaxf(m, MaxOf<T, W>(v[j]));  // last first: every load issued
@@ -822,18 +823,15 @@ int RowBlockMaxThreads(int vpt) { return vpt <= 4 ? kRowBlockWideThreads : kRowB
 template <typename T, int W, int VPT>
 const void* RowBlockKernelPtrV(int threads, bool prefetch) {
   if constexpr (VPT <= 4) {
-    if (threads > kRowBlockThreads) {
+    if (threads > kRowBlockThreads && prefetch) {
       if constexpr (Pack<T, W>::kVec) {
-        if (prefetch) {
-          return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads, true>);
-        }
+        return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads, true>);
       }
-      if (prefetch) return nullptr;
+    } else if (threads > kRowBlockThreads) {
       return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads>);
     }
   }
-  if (prefetch) return nullptr;
-  return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT>);
+  return prefetch ? nullptr : reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT>);
 }
 template <typename T, int W>
 const void* RowBlockKernelPtr(int vpt, int threads, bool prefetch) {
