@@ -36,12 +36,14 @@ prints, per kernel name, the median GPU duration and the median idle gap before 
 events' time splits into), and adds to each record "kernel_us" (median per call, from the impl's
 first kernel's start to its last kernel's end) and "kernels" (kernels per call). It slows the
 host side, so the event times of peers with heavy Python launch paths (torch.compile) are not
-comparable in that mode. --shape ROWSxCOLS (repeatable)
+comparable in that mode. --tiny adds to every case an impl "tiny_kernel" (torch's fill of one
+element: one block) timed in the same rounds, the cost of a launch and its events on their own.
+--shape ROWSxCOLS (repeatable)
 replaces the issue's softmax / row-sum shapes, e.g. for one wave or a few microseconds of work.
 
 usage: memory_bound_peers.py --json PATH [--reps N] [--quick] [--capi PATH/libfusebox_memory_bound_capi.so]
                              [--only CASE ...] [--variant CASE:key=v,... ...] [--baseline PATH]
-                             [--trace] [--shape ROWSxCOLS ...]
+                             [--trace] [--tiny] [--shape ROWSxCOLS ...]
 """
 import argparse
 import ctypes
@@ -156,6 +158,8 @@ def main():
                     help="time these softmax / row-sum shapes instead of the issue's (repeatable)")
     ap.add_argument("--trace", action="store_true", help="also trace the timed rounds' kernels (torch.profiler) "
                     "and print each kernel's median GPU duration and the idle gap before it")
+    ap.add_argument("--tiny", action="store_true", help="also time a one-element fill in every case: the cost "
+                    "of a launch and its events alone (a diagnostic)")
     ap.add_argument("--capi", help=f"path of {CAPI_NAME} (default: next to this script, then ../lib)")
     ap.add_argument("--only", action="append", default=[], metavar="CASE", help="op:dtype:ROWSxCOLS (repeatable)")
     ap.add_argument("--variant", action="append", default=[], metavar="CASE:key=v,...",
@@ -297,6 +301,9 @@ def main():
         if not wanted(op, dname, rows, cols):
             return
         impls, errs, descs = list(peers), {}, {}
+        if args.tiny:
+            one = torch.empty(1, device="cuda")
+            impls.append(("tiny_kernel", lambda: one.fill_(1.0)))
         if ours is not None:
             forced = variants.get(f"{op}:{dname}:{rows}x{cols}", [])
             mine = [("ours", ours, None)] + [("ours:" + label, ours, c) for label, c in forced]
@@ -310,7 +317,7 @@ def main():
         for name, _ in impls:
             gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], descs.get(name, ""), errs.get(name, ""))
         err = errs.get("ours", "")
-        best = max((n for n in gbps if not n.startswith("ours")), key=gbps.get, default=None)
+        best = max((n for n in gbps if not n.startswith("ours") and n != "tiny_kernel"), key=gbps.get, default=None)
         if ours is not None and best and gbps[best] > 0:
             print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){' WRONG' if err else ''}",
                   flush=True)
@@ -379,7 +386,9 @@ def main():
             peers.append(("triton", lambda: triton_rowsum(x, ys)))
             case("rowsum", dname, rows, cols, 1.0 * rows * cols * es + 4.0 * rows, x, ys, peers)
             del x, y, ys, pad, gap
-    method = "a ~300 us GPU spin (the host queues the call meanwhile), then L2 flushed by a 256 MiB read, before each call; CUDA events; median"
+    method = ("L2's persisting (evict_last) lines reset to normal" if timer.reset_l2 is not None else
+              "L2's persisting lines NOT reset (no cudart found)")
+    method += ", a ~300 us GPU spin (the host queues the call meanwhile), then L2 flushed by a 256 MiB read, before each call; CUDA events; median"
     if ours is not None:
         method += "; ours and the peers interleaved in this process, rotating order"
     if args.flush != "torch" or args.pad_mib or args.gap_mib or args.triton_cubin:

@@ -104,7 +104,7 @@ def main():
                   if rep and cpp_mine and cpp_mine["gbps"] else None)
         fastest = max(variants, key=lambda r: r["gbps"]) if variants else None
         peer_rows = [r for r in peers["records"]
-                     if key(r) == k and not r["impl"].startswith("ours") and not r.get("error")]
+                     if key(r) == k and not r["impl"].startswith("ours") and r["impl"] != "tiny_kernel" and not r.get("error")]
         best = max(peer_rows, key=lambda r: r["gbps"]) if peer_rows else None
         ratio_t, frac_t, cname = TARGETS[op]
         c = ceil.get(cname, 0.0)

@@ -82,9 +82,10 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 //                     always (x - max) x log2(e) and a multiply by 1/sum
 //   prefetch          long-row softmax (one-shot kernels, vector path): each block prefetches
 //                     into L2 the chunk of the block N/4 x (blocks resident at once) ahead (1..8;
-//                     0 = automatic: 1 on the split path; -1 = none). Of the rows of one block
-//                     only the 512-thread ones have a prefetching form; other such shapes asked
-//                     for it take the chunk kernel
+//                     0 = automatic: 1 on the split path and on 4-byte rows of one 512-thread
+//                     block when the rows fill 12 or more waves of resident blocks; -1 = none).
+//                     Of the rows of one block only the 512-thread ones have a prefetching form;
+//                     other such shapes asked for it take the chunk kernel
 //   exp_once          short-row softmax: 1 = keep e^(x - max) in registers from the sum to the
 //                     output (one exp per element instead of two; vectors_per_thread x elements
 //                     per access <= 32, automatic where that holds), -1 = recompute it; rows of

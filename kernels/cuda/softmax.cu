@@ -20,9 +20,10 @@
 //    block writes its chunk: e^(x - max) / sum. The row's blocks are
 //      * one block (rows up to 18432 accesses; rows of up to 2048 accesses, all in the registers
 //        of <= 256 threads x 8 or 512 x 4, take a lean copy of the kernel with <= 48 registers and
-//        the default hints fixed; fp32 8192 columns: 512 x 4, 38 registers; 2-byte rows of exactly
-//        1024 accesses: the exact kernel at 512 x 2, one exp per element, no bounds checks; at 512
-//        threads a form where thread 0 prefetches a later row into L2, on request), or a
+//        the default hints fixed; fp32 8192 columns: 512 x 4, 38 registers, with 12 or more
+//        waves of rows thread 0 prefetching into L2 the row a quarter of the resident blocks
+//        ahead; 2-byte rows of exactly 1024 accesses: the exact kernel at 512 x 2, one exp per
+//        element, no bounds checks), or a
 //        thread-block cluster of C = 2 or 4 combining through distributed shared memory (one
 //        cluster barrier);
 //      * from 8 such blocks up, with a workspace (SoftmaxWorkspaceBytes): the split path, N plain
@@ -524,6 +525,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 // kernels): after its loads, thread 0 prefetches into L2 the row `ahead` blocks later, as the chunk
 // kernel does; `ahead` is unused otherwise.
 constexpr int kRowBlockThreads = 256, kRowBlockWideThreads = 512;
+constexpr int kPrefetchMinWaves = 12;  // the automatic row-block prefetch: rows / resident blocks
 template <int MaxT>
 constexpr int RowBlockMinBlocks() { return MaxT > kRowBlockThreads ? 3 : 5; }
 
@@ -1022,6 +1024,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   p->split = split;
   // L2 prefetch distance in quarters of the blocks resident at once (vector rows, one-shot kernels).
   const int prefetch = p->vec && !pipe ? (k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0) : 0;
+  int quarters = prefetch;  // the launched kernel's
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   // A row in the registers of one block (<= 256 threads, or 512 with <= 4 accesses each) and
   // nothing else asked for (no cluster size, the default hints): the lean kernel, if it has the
@@ -1041,9 +1044,16 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       lvpt = 2;
       lthreads = 512;
     }
-    // The prefetch only where asked for: fp32 8192 columns gain 1.5-2.3% with it at 1/4 in some
-    // runs and nothing in others, 2048 rows lose 3.8%, 2-byte rows 1-3% (NOTES.md run 36).
-    const bool pf = prefetch > 0;
+    // 4-byte rows of one 512-thread block (fp32 4097-8192 columns), at least kPrefetchMinWaves
+    // times as many as the blocks resident at once: automatically the prefetch a quarter of the
+    // resident blocks ahead (fp32 8192^2 +1.7%, 32768 rows +2.3%, but 2048 rows -3.2%; 2-byte rows
+    // lose 1-3% with it: NOTES.md runs 36-37).
+    int lprefetch = prefetch;
+    if (k.prefetch == 0 && sizeof(T) == 4 && p->vec && lthreads > kRowBlockThreads) {
+      const void* plain = RowBlockKernelPtr<T, W>(lvpt, lthreads, false);
+      if (plain != nullptr && rows >= int64_t{kPrefetchMinWaves} * ResidentBlocks(plain, lthreads, 0)) lprefetch = 1;
+    }
+    const bool pf = lprefetch > 0;
     // Rows of exactly threads x vpt accesses whose values fit as floats: the exact kernel (one exp
     // per element, no bounds checks), automatically for 2-byte types; exp_once = 1 asks for it on
     // 4-byte rows too, -1 keeps the recomputing kernel. fp32 8192^2 in the probe: the recomputing
@@ -1060,11 +1070,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       kernel = lean;
       vpt = lvpt;
       threads = lthreads;
+      quarters = lprefetch;
     }
   }
-  if (prefetch > 0) {
+  if (quarters > 0) {
     const int smem = p->kind == Kind::kRowBlock ? 0 : smem_acc * 16;
-    p->ahead = static_cast<int>(std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem)} * prefetch / 4));
+    p->ahead = static_cast<int>(std::max<int64_t>(1, int64_t{ResidentBlocks(kernel, threads, smem)} * quarters / 4));
   }
   p->kernel = kernel;
   p->vpt = vpt;

@@ -470,13 +470,22 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   char desc[128];
   cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 2047, bench::Choice(0, 4, 0, 512, 0, 1), desc, sizeof desc);
   EXPECT_NE(std::string(desc).find("softmax/rowblock scalar c=1 t=512 v=4"), std::string::npos) << desc;
-  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, the exact kernel at 512 x 2 for
-  // 2-byte ones, neither prefetching.
-  cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 7, 8192, KernelChoice{}, desc, sizeof desc);
-  const char* want = GetParam() == DType::kFloat32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain"
-                                                   : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
-  EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
+  // The automatic choice at 8192 columns: 512 x 4 for 4-byte types, prefetching a later row where
+  // the rows fill 12 waves of resident blocks (8192 rows, not 7 or 2048); the exact kernel at 512 x
+  // 2 without a prefetch for 2-byte ones; prefetch = -1 turns the prefetch off.
+  const bool fp32 = GetParam() == DType::kFloat32;
+  const std::string want = fp32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain"
+                                : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
+  for (int64_t rows : {int64_t{7}, int64_t{2048}, int64_t{8192}}) {
+    cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), rows, 8192, KernelChoice{}, desc, sizeof desc);
+    EXPECT_NE(std::string(desc).find(want), std::string::npos) << rows << " rows: " << desc;
+    EXPECT_EQ(std::string(desc).find(" ahead=") != std::string::npos, fp32 && rows == 8192) << rows << " rows: " << desc;
+  }
+  KernelChoice off;
+  off.prefetch = -1;
+  cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), 8192, 8192, off, desc, sizeof desc);
   EXPECT_EQ(std::string(desc).find("ahead="), std::string::npos) << desc;
+  CheckSoftmax(7, 8192, {0, 0}, off);
 }
 
 // The row-block kernels prefetching a later block's row into L2 (prefetch = 1, 2, 8: 512-thread
