@@ -26,8 +26,10 @@ PROFILE_TIMED = os.environ.get("FUSEBOX_PROFILE_TIMED") == "1"
 
 def persisting_l2_reset():
     """cudaCtxResetPersistingL2Cache of the CUDA runtime that torch loaded (found by soname), or None."""
-    major = (torch.version.cuda or "").split(".")[0]
-    for name in [f"libcudart.so.{major}"] * bool(major) + ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]:
+    names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
+    if torch.version.cuda:  # torch's own runtime first: dlopen by soname finds the loaded copy
+        names.insert(0, f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+    for name in names:
         try:
             fn = ctypes.CDLL(name).cudaCtxResetPersistingL2Cache
         except (OSError, AttributeError):
