@@ -45,6 +45,7 @@ class Timer:
         self.trace = trace
         self.flush = torch.empty(64 << 20, dtype=torch.float32, device="cuda").uniform_(-1, 1)
         self.flush_fn = self.flush.sum  # the L2 flush: reads all of self.flush (replaceable)
+        self.rounds = {}  # name -> the last time()'s call times in ms, in round order (pairable)
         self.kernel_us = {}  # trace: name -> (median kernel time per call in us, kernels per call)
         self.reset_l2 = persisting_l2_reset()
         if self.reset_l2 is None:
@@ -76,7 +77,7 @@ class Timer:
         every impl once per round, starting one later each round; lead() before each call. Returns
         {name: (median, min, max) in ms, or the exception that the impl raised}."""
         out, live = {}, []
-        self.kernel_us = {}
+        self.kernel_us, self.rounds = {}, {}
         for name, fn in impls:
             try:
                 for _ in range(3):
@@ -122,6 +123,7 @@ class Timer:
         for name, ev in times.items():
             if name not in out:
                 t = [a.elapsed_time(b) for a, b in ev]
+                self.rounds[name] = list(t)
                 if name in calls and len(calls[name]) == len(t):
                     split_event_time(name, t, calls[name])
                 t.sort()
@@ -181,3 +183,4 @@ def kernel_trace(prof, order):
     return ({name: (statistics.median(s for s, _, _ in v), statistics.median_low([n for _, n, _ in v]))
              for name, v in per.items()},
             {name: [(s, g) for s, _, g in v] for name, v in per.items()})
+

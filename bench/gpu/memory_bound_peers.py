@@ -38,6 +38,9 @@ first kernel's start to its last kernel's end) and "kernels" (kernels per call).
 host side, so the event times of peers with heavy Python launch paths (torch.compile) are not
 comparable in that mode. --tiny adds to every case an impl "tiny_kernel" (torch's fill of one
 element: one block) timed in the same rounds, the cost of a launch and its events on their own.
+Each peer's record carries "paired_ours_ratio": ours' speed over the peer's, taken round by round
+(the two were timed in the same rounds, so slow drift cancels), its median and a distribution-free
+95% confidence interval of that median.
 --shape ROWSxCOLS (repeatable)
 replaces the issue's softmax / row-sum shapes, e.g. for one wave or a few microseconds of work.
 
@@ -58,6 +61,7 @@ import torch.nn.functional as F
 import triton
 
 from interleaved_timer import Timer
+from paired_stats import paired_ratio
 from triton_peers import triton_gelu, triton_rowsum, triton_softmax
 
 SHAPES = [(262144, 128), (65536, 1024), (8192, 8192), (2048, 32768), (128, 1048576)]
@@ -232,6 +236,10 @@ def main():
                          ms_min=lo, ms_max=hi, gbps=gbps, error=err))
         if impl in timer.kernel_us:  # --trace: kernel time per call (no launch latency)
             recs[-1]["kernel_us"], recs[-1]["kernels"] = timer.kernel_us[impl]
+        if not impl.startswith("ours"):  # ours' speed over this impl's, round by round
+            pr = paired_ratio(timer.rounds.get("ours"), timer.rounds.get(impl, []))
+            if pr:
+                recs[-1]["paired_ours_ratio"] = dict(zip(("median", "lo95", "hi95", "rounds"), pr))
         print(f"{op:8s} {dtype:9s} {rows:7d}x{cols:<8d} {impl:14s} {ms:9.4f} ms {gbps:8.1f} GB/s "
               f"[{time.time() - t0:5.0f}s] {err}", flush=True)
         return gbps
@@ -319,8 +327,10 @@ def main():
         err = errs.get("ours", "")
         best = max((n for n in gbps if not n.startswith("ours") and n != "tiny_kernel"), key=gbps.get, default=None)
         if ours is not None and best and gbps[best] > 0:
-            print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){' WRONG' if err else ''}",
-                  flush=True)
+            pr = paired_ratio(timer.rounds.get("ours"), timer.rounds.get(best, []))
+            paired = f" paired {pr[0]:.4f} [{pr[1]:.4f}, {pr[2]:.4f}]" if pr else ""
+            print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){paired}"
+                  f"{' WRONG' if err else ''}", flush=True)
         for label, _ in bases:
             if gbps.get(label, 0) > 0:
                 print(f"{'':44s} ours/{label} {gbps['ours'] / gbps[label]:.4f}", flush=True)

@@ -5,6 +5,9 @@ For each op / dtype / shape: our automatic choice in GB/s, the best peer (torch 
 torch.compile, Triton) and the ratio, the fraction of the ceiling measured in the same run
 (device copy for GeLU and softmax, read-only torch.sum for row sum), the target and pass/miss,
 the fastest forced variant of ours (a lead for the next tuning step) and the repeat spread.
+"paired ours/peer": ours' speed over the best peer's taken round by round in the peers' process,
+median and 95% confidence interval; a ratio miss whose interval reaches the target is marked
+"MISS (tie)" (still a miss: the target is on the medians' ratio, as before).
 
 Which "ours" the verdict uses: when PEERS.json holds "ours" records (timed by
 memory_bound_peers.py through libfusebox_memory_bound_capi, interleaved with the peers in one
@@ -83,11 +86,12 @@ def main():
             keys.append(key(r))
     rows_out = []
     lines = ["| op | dtype | shape | ours GB/s | % ceiling | best peer | peer GB/s | ours/peer | target | "
-             "ours C++ GB/s | fastest variant (C++) | repeat spread (C++) |", "|" + "---|" * 12]
+             "paired ours/peer [95% CI] | ours C++ GB/s | fastest variant (C++) | repeat spread (C++) |",
+             "|" + "---|" * 13]
     if traced:
         lines[0] += " kernel us ours / peer | kernel ours/peer | kernel % ceiling |"
         lines[1] += "---|" * 3
-    passes = used_inproc = 0
+    passes = used_inproc = ties = 0
     for k in keys:
         op, dt, rows, cols = k
         cpp = [r for r in ours["records"] if key(r) == k and not r.get("error")]
@@ -118,10 +122,19 @@ def main():
         if fastest and fastest is not cpp_mine:
             fv = f"{fastest['impl'][5:] or 'auto'} {fastest['gbps']:.0f}"
         verdict = f"ERROR: {wrong.replace('|', '/')}" if wrong else "pass" if ok else "MISS"
+        # Round-by-round ratio against the best peer (peers.json records it per peer): a ratio miss
+        # whose interval still reaches the target is a tie that these rounds cannot tell apart.
+        pr = (best or {}).get("paired_ours_ratio") if mine is not None and mine.get("source") != "cpp" else None
+        tie = (not ok and not wrong and pr is not None and frac >= frac_t and ratio < ratio_t
+               and pr["hi95"] >= ratio_t)
+        if tie:
+            verdict = "MISS (tie)"
+            ties += 1
+        paired = f"{pr['median']:.4f} [{pr['lo95']:.4f}, {pr['hi95']:.4f}]" if pr else "-"
         cpp_g = f"{cpp_mine['gbps']:.0f}" if cpp_mine else "-"
         lines.append(f"| {op} | {dt} | {shape} | {g:.0f} | {100 * frac:.1f}% | {best['impl'] if best else '-'} | "
                      f"{best['gbps'] if best else 0:.0f} | {ratio:.3f} | {verdict} "
-                     f"(>={ratio_t:.2f}x, >={100 * frac_t:.0f}%) | {cpp_g} | {fv} | "
+                     f"(>={ratio_t:.2f}x, >={100 * frac_t:.0f}%) | {paired} | {cpp_g} | {fv} | "
                      f"{'-' if spread is None else f'{100 * spread:.1f}%'} |")
         mk, pk, kratio, kfrac = kernel_cols(k, best, cname)
         if traced:
@@ -135,6 +148,7 @@ def main():
                              fraction_of_ceiling=frac, best_peer=best["impl"] if best else None,
                              best_peer_gbps=best["gbps"] if best else 0.0, ratio_to_best_peer=ratio,
                              target_ratio=ratio_t, target_fraction=frac_t, passed=ok,
+                             paired_ratio_to_best_peer=pr, tie=tie,
                              fastest_variant=fastest["impl"] if fastest else None,
                              fastest_variant_gbps=fastest["gbps"] if fastest else 0.0, repeat_spread=spread,
                              ours_kernel_us=mk, best_peer_kernel_us=pk, kernel_ratio_to_best_peer=kratio,
@@ -152,7 +166,8 @@ def main():
             f"commit {args.commit}; date {args.date}",
             "Ceilings (GB/s, same run): " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(ceil.items())),
             f"Method: C++ bench: {ours.get('method')}. Peers: {peers.get('method')}",
-            f"Verdict numbers: {numbers}", f"Targets met: {passes} of {len(keys)}", ""]
+            f"Verdict numbers: {numbers}", f"Targets met: {passes} of {len(keys)}"
+            + (f" ({ties} of the misses ties: the paired 95% interval reaches the target)" if ties else ""), ""]
     if traced:
         head[-1:-1] = ["Kernel columns: a second, traced pass (memory_bound_peers.py --trace): per call the time "
                        "from the impl's first kernel's start to its last kernel's end (CUPTI), medians; the "
