@@ -161,8 +161,8 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
-  // Rows of one batch (run 32): fp32 8192^2 as 512 x 4 (bf16's 512 x 2 is the automatic choice).
-  add("rowsum", {8192, 8192}, D::kFloat32, Choice(0, 4, 0, 512, 0, 1, 1), "one-batch u=4 t=512");
+  // Rows of one batch are the automatic choice at 8192 columns (bf16 512 x 2, fp32 512 x 4 since
+  // run 39); "block u=8 t=256" below is fp32's loop kernel before.
   // Long rows: loads in flight per thread x threads per block (run 5-6: u=4 t=256, u=16 for fp32
   // with >= 64 accesses per thread; run 25: the most of 16 / 8 / 4 that a thread's accesses fill).
   for (D d : {D::kFloat32, D::kBFloat16}) {

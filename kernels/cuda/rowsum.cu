@@ -14,8 +14,8 @@
 //    (deterministic, no atomics, no workspace) and writes the row's result. 2-byte rows of one
 //    block with 16 or more loads per thread (32768-65536 columns) read 8-byte accesses in blocks
 //    of 512 threads x 16 loads, with the L2 evict-first cache policy (torch.compile's loads).
-//    Rows of exactly 1024 16-byte accesses (16 KiB) are one batch of 512 x 2 loads, read by a
-//    kernel without a loop or bounds checks.
+//    Rows of exactly 1024 or 2048 16-byte accesses (16 or 32 KiB) are one batch of 512 x 2 or 4
+//    loads, read by a kernel without a loop or bounds checks.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
 // a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
@@ -345,10 +345,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // Rows of exactly 1024 16-byte accesses (16 KiB: 2-byte types' 8192 columns, fp32's 4096): one
   // batch of 512 threads x 2 loads (RowSumBatchKernel). In the load probe (NOTES.md run 32, 400
   // rounds, two runs) bf16 8192^2 +1.3 / +1.2% over 256 x 4 through RowSumChunkKernel, whose loop
-  // nvcc unrolls around a row of one batch. KernelChoice::pipeline = 1 forces the kernel at the
-  // given (threads, vectors_per_thread) on rows of exactly that many accesses, -1 never takes it.
+  // nvcc unrolls around a row of one batch. Rows of exactly 2048 (32 KiB: fp32's 8192 columns,
+  // 2-byte 16384): one batch of 512 x 4 (fp32 8192^2 +0.1-0.3% over 256 x 8 in four peers'
+  // processes, level with torch.compile's 512-thread loop: NOTES.md run 39).
+  // KernelChoice::pipeline = 1 forces the kernel at the given (threads, vectors_per_thread) on rows
+  // of exactly that many accesses, -1 never takes it.
   const bool forced = k.threads != 0 || k.vectors_per_thread != 0 || k.cluster != 0;
-  p->batch = k.pipeline > 0 || (k.pipeline == 0 && !forced && p->vec && nacc == 1024);
+  p->batch = k.pipeline > 0 || (k.pipeline == 0 && !forced && p->vec && (nacc == 1024 || nacc == 2048));
   if (p->batch) {
     p->threads = k.threads ? k.threads : 512;
     p->unroll = k.vectors_per_thread ? k.vectors_per_thread : nacc / p->threads;

@@ -646,30 +646,34 @@ TEST_P(MemoryBound, RowSumEightByteAccessRows) {
   }
 }
 
-// Rows of exactly 1024 16-byte accesses (2-byte 8192 columns, fp32 4096) are read in one batch of
-// 512 x 2 loads: one row, several, a row of NaN / inf and one of huge values; a misaligned row
-// takes the scalar path. The one-batch kernel's forced shapes on rows of exactly their size; a
+// Rows of exactly 1024 or 2048 16-byte accesses (2-byte 8192 or 16384 columns, fp32 4096 or 8192)
+// are read in one batch of 512 x 2 or 4 loads: one row, several, a row of NaN / inf and one of huge
+// values; a misaligned row takes the scalar path. The one-batch kernel's forced shapes on rows of exactly their size; a
 // row of another length, or a shape it is not built for, is refused.
 TEST_P(MemoryBound, RowSumOneBatchRows) {
   const DType dt = GetParam();
-  const int64_t cols = 1024 * 16 / static_cast<int64_t>(ElementSize(dt));
-  char desc[128];
-  cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 7, cols, KernelChoice{}, desc, sizeof desc);
-  EXPECT_NE(std::string(desc).find("one-batch c=1 t=512 u=2"), std::string::npos) << desc;
-  cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 7, cols + 8, KernelChoice{}, desc, sizeof desc);
-  EXPECT_EQ(std::string(desc).find("one-batch"), std::string::npos) << desc;
-  CheckRowSum(1, cols, {0, 0}, KernelChoice{});
-  CheckRowSum(37, cols, {0, 0}, KernelChoice{});
-  CheckRowSum(5, cols, {1, 3}, KernelChoice{});
-  auto edit = [&](std::vector<uint8_t>& in) {
-    auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
-    set(0, cols - 1, kNaN);
-    set(1, 511, kInf);
-    set(2, 0, -kInf);
-    set(2, cols - 1, kInf);
-    for (int64_t c = 0; c < cols; ++c) set(3, c, dt == DType::kFloat16 ? 6.0e4f : 1.0e30f);
-  };
-  CheckRowSum(4, cols, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  for (int64_t nacc : {int64_t{1024}, int64_t{2048}}) {
+    SCOPED_TRACE(::testing::Message() << nacc << " accesses per row");
+    const int64_t cols = nacc * 16 / static_cast<int64_t>(ElementSize(dt));
+    char desc[128];
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 7, cols, KernelChoice{}, desc, sizeof desc);
+    const std::string want = "one-batch c=1 t=512 u=" + std::to_string(nacc / 512);
+    EXPECT_NE(std::string(desc).find(want), std::string::npos) << desc;
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), 7, cols + 8, KernelChoice{}, desc, sizeof desc);
+    EXPECT_EQ(std::string(desc).find("one-batch"), std::string::npos) << desc;
+    CheckRowSum(1, cols, {0, 0}, KernelChoice{});
+    CheckRowSum(37, cols, {0, 0}, KernelChoice{});
+    CheckRowSum(5, cols, {1, 3}, KernelChoice{});
+    auto edit = [&](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      set(0, cols - 1, kNaN);
+      set(1, 511, kInf);
+      set(2, 0, -kInf);
+      set(2, cols - 1, kInf);
+      for (int64_t c = 0; c < cols; ++c) set(3, c, dt == DType::kFloat16 ? 6.0e4f : 1.0e30f);
+    };
+    CheckRowSum(4, cols, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  }
   const std::pair<int, int> built[] = {{512, 2}, {512, 4}, {256, 4}, {256, 8}};
   for (const auto& [threads, unroll] : built) {
     SCOPED_TRACE(::testing::Message() << "threads " << threads << " unroll " << unroll);
@@ -677,6 +681,7 @@ TEST_P(MemoryBound, RowSumOneBatchRows) {
     CheckRowSum(9, exact, {0, 0}, bench::Choice(0, unroll, 0, threads, 0, 1, 1));
     CheckRowSum(9, exact, {0, 0}, bench::Choice(0, unroll, 0, threads, 0, 1, 1, -1));  // plain loads
   }
+  const int64_t cols = 1024 * 16 / static_cast<int64_t>(ElementSize(dt));
   DeviceBuffer b(1 << 20);
   float* out = reinterpret_cast<float*>(b.get()) + (1 << 17);
   EXPECT_EQ(cuda::LaunchRowSumWith(bench::Choice(0, 2, 0, 512, 0, 1, 1), dt, b.get(), out, 2, cols + 8, nullptr),
@@ -740,7 +745,9 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 8192, 8192), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
   EXPECT_EQ(describe(f16, aligned, 8192, 8192), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
   EXPECT_EQ(describe(f32, aligned, 8192, 4096), "rowsum/cluster vec one-batch c=1 t=512 u=2 cs");
-  EXPECT_EQ(describe(f32, aligned, 8192, 8192), "rowsum/cluster vec c=1 t=256 u=8 cs");
+  EXPECT_EQ(describe(f32, aligned, 8192, 8192), "rowsum/cluster vec one-batch c=1 t=512 u=4 cs");
+  EXPECT_EQ(describe(bf16, aligned, 8192, 16384), "rowsum/cluster vec one-batch c=1 t=512 u=4 cs");
+  EXPECT_EQ(describe(f32, aligned, 8192, 8196), "rowsum/cluster vec c=1 t=256 u=8 cs");
   EXPECT_EQ(describe(bf16, aligned, 2048, 32768), "rowsum/cluster vec8 c=1 t=512 u=16 cs");
   EXPECT_EQ(describe(f32, aligned, 2048, 32768), "rowsum/cluster vec c=1 t=256 u=16 cs");
   EXPECT_EQ(describe(bf16, aligned, 128, 1048576), "rowsum/cluster vec c=8 t=256 u=16 cs");
