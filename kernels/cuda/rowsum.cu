@@ -346,8 +346,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // batch of 512 threads x 2 loads (RowSumBatchKernel). In the load probe (NOTES.md run 32, 400
   // rounds, two runs) bf16 8192^2 +1.3 / +1.2% over 256 x 4 through RowSumChunkKernel, whose loop
   // nvcc unrolls around a row of one batch. Rows of exactly 2048 (32 KiB: fp32's 8192 columns,
-  // 2-byte 16384): one batch of 512 x 4 (fp32 8192^2 +0.1-0.3% over 256 x 8 in four peers'
-  // processes, level with torch.compile's 512-thread loop: NOTES.md run 39).
+  // 2-byte 16384): one batch of 512 x 4 (fp32 8192^2 against the 256 x 8 loop: +0.1-0.3% as a
+  // forced variant in four peers' processes, level in an A/B of the two builds; NOTES.md run 39).
   // KernelChoice::pipeline = 1 forces the kernel at the given (threads, vectors_per_thread) on rows
   // of exactly that many accesses, -1 never takes it.
   const bool forced = k.threads != 0 || k.vectors_per_thread != 0 || k.cluster != 0;
