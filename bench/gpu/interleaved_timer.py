@@ -183,4 +183,3 @@ def kernel_trace(prof, order):
     return ({name: (statistics.median(s for s, _, _ in v), statistics.median_low([n for _, n, _ in v]))
              for name, v in per.items()},
             {name: [(s, g) for s, _, g in v] for name, v in per.items()})
-
