@@ -224,7 +224,7 @@ def main():
     recs = []
     t0 = time.time()
 
-    def emit(op, dtype, rows, cols, impl, nbytes, res, desc="", err=""):
+    def emit(op, dtype, rows, cols, impl, nbytes, res, desc="", err="", paired=None):
         ms = lo = hi = 0.0
         if isinstance(res, Exception):
             why = f"{type(res).__name__}: {res}"[:200]
@@ -236,10 +236,8 @@ def main():
                          ms_min=lo, ms_max=hi, gbps=gbps, error=err))
         if impl in timer.kernel_us:  # --trace: kernel time per call (no launch latency)
             recs[-1]["kernel_us"], recs[-1]["kernels"] = timer.kernel_us[impl]
-        if not impl.startswith("ours"):  # ours' speed over this impl's, round by round
-            pr = paired_ratio(timer.rounds.get("ours"), timer.rounds.get(impl, []))
-            if pr:
-                recs[-1]["paired_ours_ratio"] = dict(zip(("median", "lo95", "hi95", "rounds"), pr))
+        if paired:  # ours' speed over this impl's, round by round
+            recs[-1]["paired_ours_ratio"] = dict(zip(("median", "lo95", "hi95", "rounds"), paired))
         print(f"{op:8s} {dtype:9s} {rows:7d}x{cols:<8d} {impl:14s} {ms:9.4f} ms {gbps:8.1f} GB/s "
               f"[{time.time() - t0:5.0f}s] {err}", flush=True)
         return gbps
@@ -322,14 +320,17 @@ def main():
                 impls.insert(0, (name, run))
         res = timer.time(impls)
         gbps = {}
+        paired = {name: paired_ratio(timer.rounds.get("ours"), timer.rounds.get(name, []))
+                  for name, _ in impls if not name.startswith("ours")}
         for name, _ in impls:
-            gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], descs.get(name, ""), errs.get(name, ""))
+            gbps[name] = emit(op, dname, rows, cols, name, nbytes, res[name], descs.get(name, ""), errs.get(name, ""),
+                              paired.get(name))
         err = errs.get("ours", "")
         best = max((n for n in gbps if not n.startswith("ours") and n != "tiny_kernel"), key=gbps.get, default=None)
         if ours is not None and best and gbps[best] > 0:
-            pr = paired_ratio(timer.rounds.get("ours"), timer.rounds.get(best, []))
-            paired = f" paired {pr[0]:.4f} [{pr[1]:.4f}, {pr[2]:.4f}]" if pr else ""
-            print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){paired}"
+            pr = paired[best]
+            interval = f" paired {pr[0]:.4f} [{pr[1]:.4f}, {pr[2]:.4f}]" if pr else ""
+            print(f"{'':44s} ours/best peer {gbps['ours'] / gbps[best]:.3f} ({best}){interval}"
                   f"{' WRONG' if err else ''}", flush=True)
         for label, _ in bases:
             if gbps.get(label, 0) > 0:
