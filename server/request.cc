@@ -153,10 +153,19 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestCo
     }
     return p;
   }
-  // RowSum: float32 output without the last axis.
+  // RowSum: float32 output without the last axis. An input with a zero-length
+  // axis has no elements, yet its other axes may still multiply past int64: the
+  // output's size is checked on its own.
   std::vector<int64_t> oshape(a->shape.begin(), a->shape.end() - 1);
   int64_t rows = 1;
-  for (int64_t d : oshape) rows *= d;
+  for (int64_t d : oshape) {
+    if (__builtin_mul_overflow(rows, d, &rows) ||
+        rows > std::numeric_limits<int64_t>::max() / 4) {
+      return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
+                                  ": its output (every axis but the last) has more bytes "
+                                  "than fit in 64 bits"));
+    }
+  }
   p.call.rows = rows;
   if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p); !s.ok()) return s;
   if (cols == 0) {  // empty sums are zero

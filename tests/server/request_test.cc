@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fusebox {
 namespace {
@@ -213,6 +215,24 @@ TEST(Request, RowSumOfZeroLengthRowsIsZeros) {
   EXPECT_EQ(out.dtype(), v1::FLOAT32);
   ASSERT_EQ(out.data().size(), 12u);
   EXPECT_EQ(out.data(), std::string(12, '\0'));
+}
+
+// A zero-length last axis makes the input empty however long its other axes are; the
+// output keeps those axes, so their product is checked on its own (it once wrapped to a
+// negative size or to 1).
+TEST(Request, RowSumWhoseOutputOverflowsIsInvalid) {
+  for (auto shape : {std::vector<int64_t>{INT64_MAX, 2, 0}, std::vector<int64_t>{7, 0x6DB6DB6DB6DB6DB7, 0},
+                     std::vector<int64_t>{int64_t{1} << 31, int64_t{1} << 31, 0}}) {
+    v1::RowSumRequest r;
+    auto* t = r.mutable_input()->mutable_tensor();
+    t->set_dtype(v1::FLOAT32);
+    for (int64_t d : shape) t->add_shape(d);
+    v1::Tensor out;
+    ExpectError(PrepareRowSum(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+                "more bytes than fit in 64 bits");
+    EXPECT_TRUE(out.data().empty());
+    EXPECT_EQ(out.shape_size(), 0);
+  }
 }
 
 TEST(Request, MatmulWithEmptyInnerDimensionIsReluOfBias) {
