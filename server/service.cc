@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,26 @@ absl::StatusOr<PreparedCall> Prepare(const v1::MatmulReluRequest& r, const Reque
   return PrepareMatmulRelu(r, c, o);
 }
 
+// An op call's reactor: gives back a kept output whose handle never reached the caller
+// (the call was cancelled or passed its deadline after the output was committed).
+class OpReactor final : public grpc::ServerUnaryReactor {
+ public:
+  OpReactor(TensorStore* store, grpc::CallbackServerContext* ctx) : store_(store), ctx_(ctx) {}
+  void Kept(const StoredTensor& t) {
+    tenant_ = t.tenant;
+    handle_ = t.handle;
+  }
+  void OnDone() override {
+    if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
+    delete this;
+  }
+
+ private:
+  TensorStore* const store_;
+  grpc::CallbackServerContext* const ctx_;
+  std::string tenant_, handle_;
+};
+
 constexpr int64_t kDefaultChunkBytes = 4 << 20;
 constexpr int64_t kMaxChunkBytes = 64 << 20;
 
@@ -94,19 +115,24 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
                                                    const char* method, Op op, const Req& req,
                                                    v1::TensorRef* output, v1::Timing* timing) {
   const int64_t arrived = SteadyNowNs();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto* reactor = new OpReactor(store_, ctx);
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
   record.method = method;
   record.op = op;
-  // Ends the call: one place for timing, metrics and Finish.
-  auto finish = [this, reactor, timing, output](CallRecord record, const absl::Status& s,
-                                                const OpTiming& t, PreparedCall* p) {
+  // Ends the call: one place for timing, metrics and Finish. A kept output is committed
+  // only while the caller still waits for its handle.
+  auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
+                                                     const OpTiming& t, PreparedCall* p) {
+    if (s.ok() && p->kept_output && ctx->IsCancelled()) {
+      s = absl::CancelledError("the call was cancelled or passed its deadline; its output was not kept");
+    }
     record.grpc_code = static_cast<int>(s.code());
     if (s.ok()) {
       if (p->kept_output) {
         store_->Commit(p->kept_output);
         output->set_handle(p->kept_output->handle);
+        reactor->Kept(*p->kept_output);
       }
       FillTiming(t, *backend_, timing);
       record.ran = true;
@@ -187,7 +213,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerCont
 class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
  public:
   UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
-      : svc_(svc), resp_(resp) {
+      : svc_(svc), ctx_(ctx), resp_(resp) {
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
       End(ToGrpcStatus(c.status()));
@@ -229,7 +255,14 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
                                 });
   }
 
-  void OnDone() override { delete this; }  // an uncommitted tensor is freed here
+  // An uncommitted tensor is freed here, and so is a committed one whose reply never reached
+  // the client (it cancelled after the last byte).
+  void OnDone() override {
+    if (tensor_ && !tensor_->handle.empty() && ctx_->IsCancelled()) {
+      svc_->store_->Free(tenant_, tensor_->handle).IgnoreError();
+    }
+    delete this;
+  }
 
  private:
   absl::Status Begin() {
@@ -246,6 +279,8 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
   void Complete() {
+    // Reads end both when the client closes its side and when the call breaks.
+    if (ctx_->IsCancelled()) return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
     if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
     if (written_ != tensor_->bytes) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -269,6 +304,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
   KernelServiceImpl* const svc_;
+  grpc::CallbackServerContext* const ctx_;
   v1::UploadResponse* const resp_;
   std::string tenant_;
   v1::UploadRequest msg_;
