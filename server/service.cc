@@ -339,8 +339,9 @@ class KernelServiceImpl::DownloadReactor final
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
       return;
     }
-    chunk_ = req->chunk_bytes() == 0 ? kDefaultChunkBytes
-                                     : std::min<int64_t>(req->chunk_bytes(), kMaxChunkBytes);
+    // Every message, header included, must fit the server's message limit.
+    chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(), kMaxChunkBytes,
+                       std::max<int64_t>(1, svc_->limits_.max_output_bytes)});
     auto t = svc_->store_->Get(c->tenant, req->handle());
     if (!t.ok()) {
       End(ToGrpcStatus(t.status()));

@@ -127,6 +127,24 @@ TEST_F(ServiceTest, UploadThenDownloadReturnsTheSameBytes) {
   EXPECT_EQ(l.used_bytes(), 4000012);
 }
 
+// Download's chunks (the 4 MiB default, and larger ones asked for) shrink to fit a server
+// started with a smaller message limit.
+TEST_F(ServiceTest, DownloadChunksFitTheServersMessageLimit) {
+  ServerOptions o;
+  o.max_message_bytes = 1 << 20;
+  StartServer(o);
+  const auto bytes = RandomFloats(2 << 20);  // 8 MiB
+  std::string h;
+  ASSERT_TRUE(Upload(bytes, {2 << 20}, v1::FLOAT32, &h, "", 512 << 10).ok());
+  for (int64_t chunk : {int64_t{0}, int64_t{4} << 20}) {
+    std::string back;
+    grpc::Status s = Download(h, &back, "", chunk);
+    ASSERT_TRUE(s.ok()) << "chunk_bytes " << chunk << ": " << s.error_message();
+    ASSERT_EQ(back.size(), bytes.size());
+    EXPECT_EQ(0, std::memcmp(back.data(), bytes.data(), bytes.size()));
+  }
+}
+
 TEST_F(ServiceTest, ConcurrentUploadsAllLand) {
   StartServer({});
   std::vector<std::thread> threads;
