@@ -31,14 +31,18 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCuda(const BackendChoice& choice) {
   if (lib == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot load the CUDA backend: ", dlerror()));
   }
-  using Factory = Backend* (*)(const CudaBackendOptions*, char*, size_t);
+  using Factory = decltype(&fusebox_create_cuda_backend);
   auto factory = reinterpret_cast<Factory>(dlsym(lib, "fusebox_create_cuda_backend"));
   if (factory == nullptr) {
     return absl::UnavailableError(absl::StrCat(path, " has no fusebox_create_cuda_backend"));
   }
   char error[512] = {0};
-  Backend* backend = factory(&choice.cuda, error, sizeof error);
+  int code = static_cast<int>(absl::StatusCode::kUnavailable);
+  Backend* backend = factory(&choice.cuda, error, sizeof error, &code);
   if (backend == nullptr) {
+    if (code == static_cast<int>(absl::StatusCode::kInvalidArgument)) {
+      return absl::InvalidArgumentError(absl::StrCat("CUDA backend: ", error));
+    }
     return absl::UnavailableError(absl::StrCat("no usable GPU: ", error));
   }
   return std::unique_ptr<Backend>(backend);
@@ -48,13 +52,18 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCuda(const BackendChoice& choice) {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   if (choice.kind == "cpu") return MakeCpuBackend(choice.cpu);
+  if (choice.cuda.streams < 1 || choice.cuda.streams > kMaxCudaStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--streams must be 1..", kMaxCudaStreams, ", not ", choice.cuda.streams));
+  }
   if (choice.kind == "cuda") return LoadCuda(choice);
   if (choice.kind != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend=", choice.kind, " is unknown: use auto, cpu or cuda"));
   }
   auto cuda = LoadCuda(choice);
-  if (cuda.ok()) return cuda;
+  // Options this host cannot honour are the caller's mistake, not a reason to use the CPU.
+  if (cuda.ok() || cuda.status().code() == absl::StatusCode::kInvalidArgument) return cuda;
   Log("backend auto: using the CPU (%s)", std::string(cuda.status().message()).c_str());
   return MakeCpuBackend(choice.cpu);
 }

@@ -20,7 +20,9 @@ struct BackendChoice {
 };
 
 // auto: CUDA when the module loads and finds a usable GPU, else CPU (and says
-// why on stderr). cuda: CUDA or an error. cpu: CPU.
+// why on stderr); options the GPU path cannot honour (--streams out of range, a
+// device ordinal past the last) are INVALID_ARGUMENT, not a fall back to the CPU.
+// cuda: CUDA or an error. cpu: CPU.
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice);
 
 }  // namespace fusebox

@@ -10,6 +10,9 @@
 
 namespace fusebox {
 
+// The most streams one CUDA backend runs (--streams).
+constexpr int kMaxCudaStreams = 64;
+
 struct CudaBackendOptions {
   int device = 0;                 // CUDA device ordinal
   int streams = 4;                // streams in the pool = worker threads
@@ -20,7 +23,10 @@ struct CudaBackendOptions {
 
 }  // namespace fusebox
 
-// The module's one exported symbol. Returns null and writes a reason into
-// `error` when no usable GPU is found or CUDA fails to start.
+// The module's one exported symbol. Returns null when the backend cannot start, with a
+// reason in `error` and its absl::StatusCode in `*error_code` (when not null):
+// INVALID_ARGUMENT for options this host cannot honour (a device ordinal past the last),
+// UNAVAILABLE when there is no GPU, other codes when CUDA fails to start.
 extern "C" fusebox::Backend* fusebox_create_cuda_backend(const fusebox::CudaBackendOptions* options,
-                                                         char* error, size_t error_len);
+                                                         char* error, size_t error_len,
+                                                         int* error_code);

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -11,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "server/server.h"
 
 namespace {
@@ -82,11 +85,20 @@ int main(int argc, char** argv) {
   o.backend.kind = absl::GetFlag(FLAGS_backend);
   o.backend.cuda_module = absl::GetFlag(FLAGS_cuda_module);
   o.backend.cpu.workers = absl::GetFlag(FLAGS_workers);
-  o.backend.cpu.queue_capacity = static_cast<size_t>(absl::GetFlag(FLAGS_queue_capacity));
+  const int64_t queue_capacity = absl::GetFlag(FLAGS_queue_capacity);
+  o.backend.cpu.queue_capacity = static_cast<size_t>(std::max<int64_t>(queue_capacity, 0));
   o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
   o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
   o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
-  o.backend.cuda.staging_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_staging_mib)) << 20;
+  // MiB flags are range-checked below before they become bytes (a shift past int64 is
+  // undefined, and a negative size_t is huge).
+  const int64_t staging_mib = absl::GetFlag(FLAGS_staging_mib);
+  const int64_t budget_mib = absl::GetFlag(FLAGS_store_budget_mib);
+  const int64_t quota_mib = absl::GetFlag(FLAGS_tenant_quota_mib);
+  const int64_t max_tensor_mib = absl::GetFlag(FLAGS_max_tensor_mib);
+  constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
+  auto bytes = [](int64_t mib) { return mib >= 0 && mib <= kMaxMib ? mib << 20 : int64_t{-1}; };
+  o.backend.cuda.staging_bytes = static_cast<size_t>(std::max<int64_t>(bytes(staging_mib), 0));
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -94,9 +106,9 @@ int main(int argc, char** argv) {
   o.shutdown_notice_seconds = absl::GetFlag(FLAGS_shutdown_notice_s);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.token_file = absl::GetFlag(FLAGS_token_file);
-  o.store_budget_bytes = absl::GetFlag(FLAGS_store_budget_mib) << 20;
-  o.tenant_quota_bytes = absl::GetFlag(FLAGS_tenant_quota_mib) << 20;
-  o.max_tensor_bytes = absl::GetFlag(FLAGS_max_tensor_mib) << 20;
+  o.store_budget_bytes = bytes(budget_mib);
+  o.tenant_quota_bytes = bytes(quota_mib);
+  o.max_tensor_bytes = bytes(max_tensor_mib);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
 
   // Large request and response buffers come and go with every call; glibc
@@ -114,16 +126,20 @@ int main(int argc, char** argv) {
   } else {
     bad = "--matmul_impl must be cublaslt or tiled";
   }
-  if (o.backend.cpu.workers < 1 || o.backend.cuda.streams < 1) bad = "--workers and --streams must be >= 1";
-  if (o.backend.cpu.queue_capacity < 1) bad = "--queue_capacity must be >= 1";
+  if (o.backend.cpu.workers < 1) bad = "--workers must be >= 1";
+  if (o.backend.cuda.streams < 1 || o.backend.cuda.streams > fusebox::kMaxCudaStreams) {
+    bad = absl::StrCat("--streams must be in 1..", fusebox::kMaxCudaStreams);
+  }
+  if (queue_capacity < 1) bad = "--queue_capacity must be >= 1";
+  if (staging_mib < 0 || staging_mib > (int64_t{1} << 20)) bad = "--staging_mib must be in 0..1048576";
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
   if (o.drain_seconds < 0 || o.shutdown_notice_seconds < 0) {
     bad = "--drain_seconds and --shutdown_notice_s must be >= 0";
   }
-  if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0 ||
-      o.idle_expiry_seconds < 0) {
-    bad = "--store_budget_mib, --tenant_quota_mib, --max_tensor_mib and --idle_expiry_s must be >= 0";
+  if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
+    bad = absl::StrCat("--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
+  if (o.idle_expiry_seconds < 0) bad = "--idle_expiry_s must be >= 0";
   if (!bad.empty()) {
     std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
     return 2;

@@ -174,8 +174,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA device ", o.device, " does not exist (", count, " found)"));
   }
-  if (o.streams < 1 || o.streams > 64) {
-    return absl::InvalidArgumentError(absl::StrCat("streams must be 1..64, not ", o.streams));
+  if (o.streams < 1 || o.streams > kMaxCudaStreams) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("streams must be 1..", kMaxCudaStreams, ", not ", o.streams));
   }
   if (absl::Status s = check(cudaSetDevice(o.device), "cudaSetDevice"); !s.ok()) return s;
   cudaDeviceProp prop;
@@ -593,20 +594,21 @@ absl::Status CudaBackend::RunRead(StreamWorker& w, void* dst, const void* src, s
 }  // namespace fusebox::cuda_backend
 
 extern "C" FUSEBOX_EXPORT fusebox::Backend* fusebox_create_cuda_backend(
-    const fusebox::CudaBackendOptions* options, char* error, size_t error_len) {
-  auto report = [&](const std::string& msg) {
+    const fusebox::CudaBackendOptions* options, char* error, size_t error_len, int* error_code) {
+  auto report = [&](absl::StatusCode code, const std::string& msg) {
     if (error != nullptr && error_len > 0) std::snprintf(error, error_len, "%s", msg.c_str());
+    if (error_code != nullptr) *error_code = static_cast<int>(code);
   };
   try {
     const fusebox::CudaBackendOptions defaults;
     auto backend = fusebox::cuda_backend::CudaBackend::Create(options ? *options : defaults);
     if (!backend.ok()) {
-      report(std::string(backend.status().message()));
+      report(backend.status().code(), std::string(backend.status().message()));
       return nullptr;
     }
     return backend->release();
   } catch (const std::exception& ex) {
-    report(std::string("CUDA backend start-up failed: ") + ex.what());
+    report(absl::StatusCode::kInternal, std::string("CUDA backend start-up failed: ") + ex.what());
     return nullptr;
   }
 }

@@ -29,7 +29,7 @@
 namespace fusebox {
 namespace {
 
-using Factory = Backend* (*)(const CudaBackendOptions*, char*, size_t);
+using Factory = decltype(&fusebox_create_cuda_backend);
 
 std::string ModulePath() {
   if (const char* env = std::getenv("FUSEBOX_CUDA_MODULE")) return env;
@@ -60,7 +60,7 @@ std::unique_ptr<Backend> MakeBackend(const CudaBackendOptions& o, std::string* w
   Factory f = LoadFactory(why);
   if (f == nullptr) return nullptr;
   char err[512] = {0};
-  Backend* b = f(&o, err, sizeof err);
+  Backend* b = f(&o, err, sizeof err, nullptr);
   if (b == nullptr) *why = err;
   return std::unique_ptr<Backend>(b);
 }
@@ -334,6 +334,27 @@ TEST_F(CudaBackendTest, TimingsMatchTheWork) {
 // A kernel that faults leaves the CUDA context unusable for the whole process,
 // so this runs in a child process (the "threadsafe" death-test style re-runs
 // this binary for just this statement).
+// A device ordinal past the last is the caller's mistake: INVALID_ARGUMENT, which stops
+// --backend=auto instead of serving from the CPU (no GPU at all is UNAVAILABLE).
+TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
+  std::string why;
+  {
+    CudaBackendOptions o;
+    o.streams = 1;
+    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  }
+  Factory f = LoadFactory(&why);
+  ASSERT_NE(f, nullptr) << why;
+  CudaBackendOptions o;
+  o.device = 99;
+  o.streams = 1;
+  char err[512] = {0};
+  int code = -1;
+  EXPECT_EQ(f(&o, err, sizeof err, &code), nullptr);
+  EXPECT_EQ(code, static_cast<int>(absl::StatusCode::kInvalidArgument)) << err;
+  EXPECT_NE(std::string(err).find("does not exist"), std::string::npos) << err;
+}
+
 TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
   {
     std::string why;

@@ -400,3 +400,20 @@ def test_sigterm_makes_server_exit_zero():
         assert time.monotonic() - t0 < 30
     finally:
         s.kill()
+
+
+@pytest.mark.parametrize("flag, says", [
+    ("--queue_capacity=-1", "--queue_capacity must be >= 1"),
+    ("--workers=0", "--workers must be >= 1"),
+    ("--streams=65", "--streams must be in 1..64"),
+    ("--staging_mib=-1", "--staging_mib must be in 0..1048576"),
+    ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
+    ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
+    ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
+])
+def test_server_refuses_out_of_range_flags_before_starting(flag, says):
+    r = subprocess.run([SERVER_BIN, "--address=127.0.0.1:0", flag], capture_output=True, text=True,
+                       timeout=30, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert says in r.stderr
+    assert "listening" not in r.stdout
