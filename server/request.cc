@@ -246,6 +246,13 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
     return Invalid(absl::StrCat("inner dimensions differ: a is [", m, ",", k, "] and b is [",
                                 b->shape[0], ",", n, "]"));
   }
+  // The GPU kernels (cuBLASLt's and the tiled one) take int sizes; the CPU serves the same
+  // shapes, so a request means the same on either backend.
+  constexpr int64_t kMaxDim = int64_t{1} << 31;
+  if (m >= kMaxDim || k >= kMaxDim || n >= kMaxDim) {
+    return Invalid(absl::StrCat("MatmulRelu dimensions must be below 2^31; got a [", m, ",", k,
+                                "] and b [", k, ",", n, "]"));
+  }
   if (req.impl() != v1::MATMUL_IMPL_DEFAULT && req.impl() != v1::MATMUL_IMPL_CUBLASLT &&
       req.impl() != v1::MATMUL_IMPL_TILED) {
     return Invalid(absl::StrCat("impl ", static_cast<int>(req.impl()), " is unknown"));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fusebox {
@@ -232,6 +233,16 @@ TEST(Request, RowSumWhoseOutputOverflowsIsInvalid) {
                 "more bytes than fit in 64 bits");
     EXPECT_TRUE(out.data().empty());
     EXPECT_EQ(out.shape_size(), 0);
+  }
+}
+
+TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {
+  const int64_t big = int64_t{1} << 31;
+  for (auto [m, n] : {std::pair<int64_t, int64_t>{big, 1}, std::pair<int64_t, int64_t>{1, big}}) {
+    auto r = Matmul(MakeTensor(v1::FLOAT16, {m, 0}, 2), MakeTensor(v1::FLOAT16, {0, n}, 2));
+    v1::Tensor out;
+    ExpectError(PrepareMatmulRelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+                "dimensions must be below 2^31");
   }
 }
 
