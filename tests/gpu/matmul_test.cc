@@ -398,6 +398,44 @@ void ExpectRunMatches(CublasLtMatmul& lt, const Problem& p, const DeviceProblem&
   EXPECT_TRUE(c.ok) << "rel_error " << c.rel_error << " first_bad " << c.first_bad;
 }
 
+// A Run right after its Prepare launches what the Prepare chose, even when another runner
+// on the same cache filled it past its bound (4096 keys: it is then cleared) in between:
+// the server prepares before its kernel gate and runs behind it, where choosing again
+// would time candidates on a held stream.
+TEST(MatmulCache, RunAfterPrepareNeverChoosesAgainWhenAnotherRunnerClearsTheCache) {
+  SKIP_WITHOUT_GPU();
+  SKIP_WITHOUT_CUBLASLT();
+  auto cache = NewMatmulAlgoCache();
+  auto a = CublasLtMatmul::Create(cache);
+  auto b = CublasLtMatmul::Create(cache);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const Problem p = MakeProblem(DType::kBFloat16, 96, 80, 64, true, 7);
+  const DeviceProblem d(p);
+  ASSERT_TRUE((*a)->Prepare(d.args, nullptr).ok());
+  const LtStats prepared = (*a)->stats();
+  EXPECT_EQ(prepared.cache_misses, 1);
+  // 4100 other keys through runner b: at least one clear after a's key went in.
+  constexpr int64_t kKeys = 4100, kN = 8, kK = 8;
+  DeviceBuffer da(kKeys * kK * 2), db(kK * kN * 2), dout(kKeys * kN * 2);
+  for (int64_t m = 1; m <= kKeys; ++m) {
+    MatmulArgs args;
+    args.dtype = DType::kBFloat16;
+    args.m = m;
+    args.n = kN;
+    args.k = kK;
+    args.a = da.get();
+    args.b = db.get();
+    args.out = dout.get();
+    ASSERT_TRUE((*b)->Prepare(args, nullptr).ok()) << m;
+  }
+  EXPECT_EQ((*b)->stats().cache_misses, kKeys);
+  ExpectRunMatches(**a, p, d, false);
+  const LtStats ran = (*a)->stats();
+  EXPECT_EQ(ran.cache_misses, prepared.cache_misses);
+  EXPECT_EQ(ran.heuristic_queries, prepared.heuristic_queries);
+  EXPECT_EQ(ran.timed_selections, prepared.timed_selections);
+}
+
 // The default policy (two picks) on shapes where run 4 saw the 32 MiB and the
 // 1 MiB first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a
 // bf16 one where they agreed: the first Run of a key chooses (timing only if
