@@ -223,7 +223,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
 
 CudaBackend::~CudaBackend() {
   Shutdown();
-  cudaSetDevice(options_.device);
+  // Workers exist only once their device was set up; a Create that failed before (a device
+  // ordinal past the last) must not leave this thread a stale error from cudaSetDevice.
+  if (!workers_.empty() && cudaSetDevice(options_.device) != cudaSuccess) cudaGetLastError();
   workers_.clear();  // the pool goes with the last DeviceBuffer
 }
 
