@@ -96,6 +96,21 @@ class ServiceTest : public ::testing::Test {
     return r->Finish();
   }
 
+  // Uploads float32 [n], sends its first `sent` bytes in one message, waits `pause` and
+  // cancels (no WritesDone); returns the call's status.
+  grpc::Status UploadThenCancel(int64_t n, size_t sent, std::chrono::milliseconds pause) {
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    auto w = stub_->Upload(&ctx, &resp);
+    v1::UploadRequest m;
+    m.set_dtype(v1::FLOAT32);
+    m.add_shape(n);
+    m.set_data(std::string(sent, 'x'));
+    EXPECT_TRUE(w->Write(m));
+    std::this_thread::sleep_for(pause);
+    ctx.TryCancel();
+    return w->Finish();
+  }
   v1::ListTensorsResponse List(const std::string& token = "") {
     auto ctx = Ctx(token);
     v1::ListTensorsResponse resp;
@@ -166,22 +181,52 @@ TEST_F(ServiceTest, ConcurrentUploadsAllLand) {
 
 TEST_F(ServiceTest, CancelledUploadLeavesNothingBehind) {
   StartServer({});
-  grpc::ClientContext ctx;
-  v1::UploadResponse resp;
-  auto w = stub_->Upload(&ctx, &resp);
-  v1::UploadRequest m;
-  m.set_dtype(v1::FLOAT32);
-  m.add_shape(1 << 20);
-  m.set_data(std::string(1 << 20, 'x'));
-  ASSERT_TRUE(w->Write(m));
-  ctx.TryCancel();
-  EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(UploadThenCancel(1 << 20, 1 << 20, std::chrono::milliseconds(0)).error_code(),
+            grpc::StatusCode::CANCELLED);
   for (int i = 0; i < 100 && server_->store().TenantUsedBytes("anonymous") > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
   EXPECT_EQ(List().tensors_size(), 0);
 }
+
+// A float32 GeLU of n zeros whose output stays on the server.
+v1::GeluRequest KeptGelu(int64_t n) {
+  v1::GeluRequest req;
+  auto* t = req.mutable_input()->mutable_tensor();
+  t->set_dtype(v1::FLOAT32);
+  t->add_shape(n);
+  t->set_data(std::string(static_cast<size_t>(n) * 4, '\0'));
+  req.mutable_output_options()->set_keep_on_server(true);
+  return req;
+}
+
+// One Gelu call in flight (the client's callback API); Wait() returns its status.
+class PendingGelu {
+ public:
+  PendingGelu(KernelService::Stub& stub, grpc::ClientContext* ctx, v1::GeluRequest req) : req_(std::move(req)) {
+    stub.async()->Gelu(ctx, &req_, &resp_, [this](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = std::move(s);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  grpc::Status Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return status_;
+  }
+  const v1::GeluResponse& response() const { return resp_; }
+
+ private:
+  v1::GeluRequest req_;
+  v1::GeluResponse resp_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  grpc::Status status_;
+};
 
 // The handles the store lists for the anonymous tenant.
 std::set<std::string> ListedHandles(FuseboxServer& server) {
@@ -193,17 +238,9 @@ std::set<std::string> ListedHandles(FuseboxServer& server) {
 // Cancelled after every byte was sent (no WritesDone): nothing is kept.
 TEST_F(ServiceTest, UploadCancelledAfterItsLastByteLeavesNothingBehind) {
   StartServer({});
-  grpc::ClientContext ctx;
-  v1::UploadResponse resp;
-  auto w = stub_->Upload(&ctx, &resp);
-  v1::UploadRequest m;
-  m.set_dtype(v1::FLOAT32);
-  m.add_shape(256);
-  m.set_data(std::string(1024, 'x'));
-  ASSERT_TRUE(w->Write(m));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server has the bytes
-  ctx.TryCancel();
-  EXPECT_EQ(w->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // 200 ms: the server has every byte before the cancel.
+  EXPECT_EQ(UploadThenCancel(256, 1024, std::chrono::milliseconds(200)).error_code(),
+            grpc::StatusCode::CANCELLED);
   server_->Shutdown(30);  // every call has ended
   EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
   EXPECT_TRUE(ListedHandles(*server_).empty());
@@ -235,27 +272,11 @@ TEST_F(ServiceTest, CallsCancelledAroundTheirCommitNeverLoseAnAcknowledgedTensor
       s = w->Finish();
       handle = resp.tensor().handle();
     } else {
-      v1::GeluRequest req;
-      auto* t = req.mutable_input()->mutable_tensor();
-      t->set_dtype(v1::FLOAT32);
-      t->add_shape(65536);
-      t->set_data(std::string(65536 * 4, '\0'));
-      req.mutable_output_options()->set_keep_on_server(true);
-      v1::GeluResponse resp;
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      stub_->async()->Gelu(&ctx, &req, &resp, [&](grpc::Status st) {
-        std::lock_guard<std::mutex> lock(mu);
-        s = st;
-        done = true;
-        cv.notify_all();
-      });
+      PendingGelu call(*stub_, &ctx, KeptGelu(65536));
       std::this_thread::sleep_for(delay);
       ctx.TryCancel();
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done; });
-      handle = resp.output().handle();
+      s = call.Wait();
+      handle = call.response().output().handle();
     }
     if (s.ok()) {
       ++ok;
@@ -643,6 +664,24 @@ TEST_F(ServiceTest, MetricsPhasesMatchTheResponsesTimingLaunchIncluded) {
   }
 }
 
+// A service of the test's own making on a loopback port, and a stub for it.
+struct LoopbackServer {
+  explicit LoopbackServer(KernelServiceImpl* service) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service);
+    server = builder.BuildAndStart();
+    if (server != nullptr) {
+      stub = KernelService::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                        grpc::InsecureChannelCredentials()));
+    }
+  }
+  bool ok() const { return server != nullptr && port > 0; }
+  int port = 0;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<KernelService::Stub> stub;
+};
+
 // The CPU backend, with the launch gap a GPU would report: every call's
 // launch_us is kLaunchUs, so a nonzero value can be followed from the backend
 // to the response and to /metrics.
@@ -672,14 +711,8 @@ TEST(ServiceLaunchTest, BackendsLaunchUsReachesTheResponseAndTheLaunchPhase) {
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   const Authenticator open;
   KernelServiceImpl service(&backend, metrics->get(), /*store=*/nullptr, &open, RequestLimits{});
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server != nullptr && port > 0);
-  auto stub = KernelService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  LoopbackServer loopback(&service);
+  ASSERT_TRUE(loopback.ok());
 
   constexpr int kCalls = 5;
   double kernel_us = 0;
@@ -693,7 +726,7 @@ TEST(ServiceLaunchTest, BackendsLaunchUsReachesTheResponseAndTheLaunchPhase) {
     v1::RowSumResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    ASSERT_TRUE(stub->RowSum(&ctx, req, &resp).ok());
+    ASSERT_TRUE(loopback.stub->RowSum(&ctx, req, &resp).ok());
     EXPECT_EQ(resp.timing().launch_us(), LaunchingCpuBackend::kLaunchUs);
     kernel_us += resp.timing().kernel_us();
   }
@@ -714,7 +747,7 @@ TEST(ServiceLaunchTest, BackendsLaunchUsReachesTheResponseAndTheLaunchPhase) {
   // The launch gap is not counted in the kernel phase too.
   EXPECT_NEAR(MetricValue(text, "fusebox_call_phase_duration_seconds_sum", labels("kernel")),
               kernel_us * 1e-6, 1e-6 * kernel_us * 1e-6 + 1e-12);
-  server->Shutdown();
+  loopback.server->Shutdown();
   backend.Shutdown();
 }
 
@@ -763,44 +796,18 @@ TEST(ServiceCancelTest, OpCancelledWhileItRunsKeepsNoOutput) {
   TensorStore store(&backend, StoreLimits{});
   const Authenticator open;
   KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, RequestLimits{});
-  int port = 0;
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server != nullptr && port > 0);
-  auto stub = KernelService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  LoopbackServer loopback(&service);
+  ASSERT_TRUE(loopback.ok());
 
-  v1::GeluRequest req;
-  auto* t = req.mutable_input()->mutable_tensor();
-  t->set_dtype(v1::FLOAT32);
-  t->add_shape(1000);
-  t->set_data(std::string(4000, '\0'));
-  req.mutable_output_options()->set_keep_on_server(true);
-  v1::GeluResponse resp;
   grpc::ClientContext ctx;
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  grpc::Status status;
-  stub->async()->Gelu(&ctx, &req, &resp, [&](grpc::Status s) {
-    std::lock_guard<std::mutex> lock(mu);
-    status = s;
-    done = true;
-    cv.notify_all();
-  });
+  PendingGelu call(*loopback.stub, &ctx, KeptGelu(1000));
   backend.WaitUntilHolding(1);  // the output is reserved, the op waits
   EXPECT_EQ(store.TenantUsedBytes("anonymous"), 4000);
   ctx.TryCancel();
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
-  }
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(call.Wait().error_code(), grpc::StatusCode::CANCELLED);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the cancel reaches the server
   backend.Release();
-  server->Shutdown();  // returns once the call has ended
+  loopback.server->Shutdown();  // returns once the call has ended
   EXPECT_TRUE(store.List("anonymous").empty());
   EXPECT_EQ(store.TenantUsedBytes("anonymous"), 0);
   backend.Shutdown();
