@@ -131,13 +131,16 @@ int main(int argc, char** argv) {
     bad = absl::StrCat("--streams must be in 1..", fusebox::kMaxCudaStreams);
   }
   if (queue_capacity < 1) bad = "--queue_capacity must be >= 1";
-  if (staging_mib < 0 || staging_mib > (int64_t{1} << 20)) bad = "--staging_mib must be in 0..1048576";
+  if (staging_mib < 0 || staging_mib > (int64_t{1} << 20)) {
+    bad = "--staging_mib must be in 0..1048576";
+  }
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
   if (o.drain_seconds < 0 || o.shutdown_notice_seconds < 0) {
     bad = "--drain_seconds and --shutdown_notice_s must be >= 0";
   }
   if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
-    bad = absl::StrCat("--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
+    bad = absl::StrCat(
+        "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
   if (o.idle_expiry_seconds < 0) bad = "--idle_expiry_s must be >= 0";
   if (!bad.empty()) {

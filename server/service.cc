@@ -125,7 +125,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
                                                      const OpTiming& t, PreparedCall* p) {
     if (s.ok() && p->kept_output && ctx->IsCancelled()) {
-      s = absl::CancelledError("the call was cancelled or passed its deadline; its output was not kept");
+      s = absl::CancelledError(
+          "the call was cancelled or passed its deadline; its output was not kept");
     }
     record.grpc_code = static_cast<int>(s.code());
     if (s.ok()) {
@@ -280,7 +281,9 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   void Complete() {
     // Reads end both when the client closes its side and when the call breaks.
-    if (ctx_->IsCancelled()) return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
+    if (ctx_->IsCancelled()) {
+      return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
+    }
     if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
     if (written_ != tensor_->bytes) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -340,8 +343,8 @@ class KernelServiceImpl::DownloadReactor final
       return;
     }
     // Every message, header included, must fit the server's message limit.
-    chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(), kMaxChunkBytes,
-                       std::max<int64_t>(1, svc_->limits_.max_output_bytes)});
+    chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
+                       kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes)});
     auto t = svc_->store_->Get(c->tenant, req->handle());
     if (!t.ok()) {
       End(ToGrpcStatus(t.status()));

@@ -61,10 +61,11 @@ absl::Status ValidateMatmul(const MatmulArgs& args);
 // Chosen algorithms shared by the runners of one device (thread-safe).
 // Bounded: when it holds kMaxEntries keys it is cleared (clients choose shapes
 // freely); each runner also keeps its own latest choice, so a Run right after
-// its Prepare never chooses again. No key is locked while it is being chosen: two workers that miss
-// the same key at once both choose it (both may time the two picks); each
-// launches its own choice, and the later Put wins. Harmless: either choice is
-// one of the same two valid algorithms, and it happens once per key.
+// its Prepare never chooses again. No key is locked while it is being chosen:
+// two workers that miss the same key at once both choose it (both may time the
+// two picks); each launches its own choice, and the later Put wins. Harmless:
+// either choice is one of the same two valid algorithms, and it happens once
+// per key.
 class MatmulAlgoCache;
 std::shared_ptr<MatmulAlgoCache> NewMatmulAlgoCache();
 

@@ -222,8 +222,9 @@ TEST(Request, RowSumOfZeroLengthRowsIsZeros) {
 // output keeps those axes, so their product is checked on its own (it once wrapped to a
 // negative size or to 1).
 TEST(Request, RowSumWhoseOutputOverflowsIsInvalid) {
-  for (auto shape : {std::vector<int64_t>{INT64_MAX, 2, 0}, std::vector<int64_t>{7, 0x6DB6DB6DB6DB6DB7, 0},
-                     std::vector<int64_t>{int64_t{1} << 31, int64_t{1} << 31, 0}}) {
+  using Shape = std::vector<int64_t>;
+  for (const Shape& shape : {Shape{INT64_MAX, 2, 0}, Shape{7, 0x6DB6DB6DB6DB6DB7, 0},
+                             Shape{int64_t{1} << 31, int64_t{1} << 31, 0}}) {
     v1::RowSumRequest r;
     auto* t = r.mutable_input()->mutable_tensor();
     t->set_dtype(v1::FLOAT32);

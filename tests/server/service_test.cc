@@ -204,7 +204,8 @@ v1::GeluRequest KeptGelu(int64_t n) {
 // One Gelu call in flight (the client's callback API); Wait() returns its status.
 class PendingGelu {
  public:
-  PendingGelu(KernelService::Stub& stub, grpc::ClientContext* ctx, v1::GeluRequest req) : req_(std::move(req)) {
+  PendingGelu(KernelService::Stub& stub, grpc::ClientContext* ctx, v1::GeluRequest req)
+      : req_(std::move(req)) {
     stub.async()->Gelu(ctx, &req_, &resp_, [this](grpc::Status s) {
       std::lock_guard<std::mutex> lock(mu_);
       status_ = std::move(s);
@@ -289,7 +290,9 @@ TEST_F(ServiceTest, CallsCancelledAroundTheirCommitNeverLoseAnAcknowledgedTensor
   }
   server_->Shutdown(30);  // every call has ended
   const std::set<std::string> listed = ListedHandles(*server_);
-  for (const auto& h : acknowledged) EXPECT_EQ(listed.count(h), 1u) << h << ": acknowledged, then lost";
+  for (const auto& h : acknowledged) {
+    EXPECT_EQ(listed.count(h), 1u) << h << ": acknowledged, then lost";
+  }
   // Other listed tensors belong to calls the client cancelled after the server had answered
   // (its TryCancel then reports CANCELLED). A cancel the server sees in time keeps nothing:
   // UploadCancelledAfterItsLastByteLeavesNothingBehind, OpCancelledWhileItRunsKeepsNoOutput.
@@ -762,7 +765,9 @@ class GatedCpuBackend final : public Backend {
     held_.push_back({call, enqueued_ns, std::move(done)});
     cv_.notify_all();
   }
-  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override { return cpu_->Allocate(bytes); }
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    return cpu_->Allocate(bytes);
+  }
   BackendStats stats() const override { return cpu_->stats(); }
   void Shutdown() override { cpu_->Shutdown(); }
   void WaitUntilHolding(size_t n) {
