@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <limits>
 #include <mutex>
+#include <stdexcept>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/completion_queue.h>
@@ -15,6 +16,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/str_cat.h"
 
 namespace fusebox::client {
 namespace {
@@ -155,10 +157,17 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, con
 }
 
 // Reads protobuf wire data straight out of a response's slices (no flattening).
+// Lengths read with Length() are at most what is left, so a hostile length never
+// becomes an allocation or an offset past the end.
 class SliceReader {
  public:
-  explicit SliceReader(const std::vector<grpc::Slice>& slices) : s_(slices) { Normalize(); }
+  explicit SliceReader(const std::vector<grpc::Slice>& slices) : s_(slices) {
+    for (const auto& s : slices) total_ += s.size();
+    Normalize();
+  }
   size_t pos() const { return pos_; }
+  size_t total() const { return total_; }
+  bool Length(uint64_t* v) { return Varint(v) && *v <= total_ - pos_; }
   bool Varint(uint64_t* v) {
     *v = 0;
     for (int shift = 0; shift < 64; shift += 7) {
@@ -186,7 +195,7 @@ class SliceReader {
     switch (wire) {
       case 0: return Varint(&v);
       case 1: return Take(8, nullptr);
-      case 2: return Varint(&v) && Take(v, nullptr);
+      case 2: return Length(&v) && Take(v, nullptr);
       case 5: return Take(4, nullptr);
       default: return false;
     }
@@ -205,7 +214,7 @@ class SliceReader {
     }
   }
   const std::vector<grpc::Slice>& s_;
-  size_t i_ = 0, off_ = 0, pos_ = 0;
+  size_t i_ = 0, off_ = 0, pos_ = 0, total_ = 0;
 };
 
 // Tensor { dtype = 1; repeated int64 shape = 2; bytes data = 3; }
@@ -218,7 +227,7 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
       if (!r.Varint(&v)) return false;
       t->dtype = static_cast<DType>(static_cast<int>(v));
     } else if (field == 2 && wire == 2) {  // packed
-      if (!r.Varint(&v)) return false;
+      if (!r.Length(&v)) return false;
       const size_t e = r.pos() + v;
       while (r.pos() < e) {
         uint64_t d;
@@ -229,7 +238,7 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
       if (!r.Varint(&v)) return false;
       t->shape.push_back(static_cast<int64_t>(v));
     } else if (field == 3 && wire == 2) {
-      if (!r.Varint(&v)) return false;
+      if (!r.Length(&v)) return false;
       // clear() keeps the capacity: a reused result needs no fresh allocation.
       t->data.clear();
       t->data.reserve(v);
@@ -246,8 +255,8 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
 absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   std::vector<grpc::Slice> slices;
   if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
-  const size_t total = bb.Length();
   SliceReader r(slices);
+  const size_t total = r.total();
   HostTensor& out = result->output;
   out.dtype = static_cast<DType>(0);
   out.shape.clear();
@@ -261,16 +270,16 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
     if (!r.Varint(&key)) return bad();
     const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
     if (field == 1 && wire == 2) {
-      if (!r.Varint(&len)) return bad();
+      if (!r.Length(&len)) return bad();
       const size_t end = r.pos() + len;
       while (r.pos() < end) {
         uint64_t k2, l2;
         if (!r.Varint(&k2)) return bad();
         if (k2 == ((1 << 3) | 2)) {
-          if (!r.Varint(&l2) || !ParseTensor(r, r.pos() + l2, &out)) return bad();
+          if (!r.Length(&l2) || !ParseTensor(r, r.pos() + l2, &out)) return bad();
           has_tensor = true;
         } else if (k2 == ((2 << 3) | 2)) {
-          if (!r.Varint(&l2)) return bad();
+          if (!r.Length(&l2)) return bad();
           result->handle.clear();
           if (!r.Take(l2, &result->handle)) return bad();
         } else if (!r.Skip(static_cast<int>(k2 & 7))) {
@@ -280,7 +289,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
     } else if (field == 2 && wire == 2) {
       std::string bytes;
       pb::Timing tm;
-      if (!r.Varint(&len) || !r.Take(len, &bytes) || !tm.ParseFromString(bytes)) return bad();
+      if (!r.Length(&len) || !r.Take(len, &bytes) || !tm.ParseFromString(bytes)) return bad();
       Timing& o = result->timing;
       o.queue_us = tm.queue_us();
       o.copy_in_us = tm.copy_in_us();
@@ -301,6 +310,21 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   return absl::OkStatus();
 }
 
+// HealthCheckResponse { ServingStatus status = 1; }: reads field 1, skips others.
+absl::StatusOr<HealthStatus> ParseHealth(const grpc::ByteBuffer& response) {
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("cannot read the health response");
+  SliceReader r(slices);
+  uint64_t status = 0;
+  while (r.pos() < r.total()) {
+    uint64_t key;
+    if (!r.Varint(&key)) return absl::InternalError("cannot parse the health response");
+    const bool ok = key == ((1 << 3) | 0) ? r.Varint(&status) : r.Skip(static_cast<int>(key & 7));
+    if (!ok) return absl::InternalError("cannot parse the health response");
+  }
+  return static_cast<HealthStatus>(status <= 3 ? status : 0);
+}
+
 // One completion queue per calling thread, reused by its synchronous calls.
 struct ThreadCq {
   grpc::CompletionQueue cq;
@@ -312,14 +336,6 @@ struct ThreadCq {
     }
   }
 };
-
-std::string Flatten(const grpc::ByteBuffer& bb) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!bb.Dump(&slices).ok()) return out;
-  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
 
 }  // namespace
 
@@ -365,6 +381,10 @@ bool ParseDType(const std::string& name, DType* out) {
 
 absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result) {
   return ParseResponse(response, result);
+}
+
+absl::StatusOr<HealthStatus> ParseHealthForTest(const grpc::ByteBuffer& response) {
+  return ParseHealth(response);
 }
 
 grpc::ByteBuffer EncodeRequestForTest(bool matmul, const std::vector<Arg>& inputs,
@@ -523,18 +543,32 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
   pb::DownloadResponse msg;
   HostTensor out;
   bool header = false;
+  int64_t size_bytes = 0;
   while (reader->Read(&msg)) {
     if (msg.has_tensor() && !header) {
       header = true;
       out.dtype = static_cast<DType>(static_cast<int>(msg.tensor().dtype()));
       out.shape.assign(msg.tensor().shape().begin(), msg.tensor().shape().end());
-      out.data.reserve(static_cast<size_t>(std::max<int64_t>(0, msg.tensor().size_bytes())));
+      size_bytes = std::max<int64_t>(0, msg.tensor().size_bytes());
+      // The size is the server's word: one this host cannot hold ends the call with an error.
+      try {
+        out.data.reserve(static_cast<size_t>(size_bytes));
+      } catch (const std::exception&) {
+        ctx.TryCancel();
+        reader->Finish();
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the tensor is ", size_bytes, " bytes: more than this client can allocate"));
+      }
     }
     out.data += msg.data();
   }
   absl::Status st = FromGrpc(reader->Finish());
   if (!st.ok()) return st;
   if (!header) return absl::InternalError("download stream carried no tensor header");
+  if (static_cast<int64_t>(out.data.size()) != size_bytes) {
+    return absl::InternalError(absl::StrCat("the download carried ", out.data.size(),
+                                            " bytes of a tensor of ", size_bytes));
+  }
   return out;
 }
 
@@ -587,38 +621,7 @@ absl::StatusOr<HealthStatus> Client::Health(const std::string& service,
   grpc::ByteBuffer request(&slice, 1), response;
   absl::Status st = UnaryCall("/grpc.health.v1.Health/Check", request, &response, timeout);
   if (!st.ok()) return st;
-  // HealthCheckResponse { ServingStatus status = 1; }: read field 1, skip others.
-  const std::string bytes = Flatten(response);
-  size_t i = 0;
-  auto varint = [&](uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; i < bytes.size() && shift < 64; shift += 7) {
-      const uint8_t b = static_cast<uint8_t>(bytes[i++]);
-      *v |= uint64_t{b & 0x7fu} << shift;
-      if (!(b & 0x80)) return true;
-    }
-    return false;
-  };
-  uint64_t status = 0;
-  while (i < bytes.size()) {
-    uint64_t key = 0, v = 0;
-    if (!varint(&key)) break;
-    const int wire = static_cast<int>(key & 7);
-    if (wire == 0) {
-      if (!varint(&v)) break;
-      if ((key >> 3) == 1) status = v;
-    } else if (wire == 2) {
-      if (!varint(&v)) break;
-      i += v;
-    } else if (wire == 1) {
-      i += 8;
-    } else if (wire == 5) {
-      i += 4;
-    } else {
-      return absl::InternalError("cannot parse the health response");
-    }
-  }
-  return static_cast<HealthStatus>(status <= 3 ? status : 0);
+  return ParseHealth(response);
 }
 
 }  // namespace fusebox::client

@@ -187,6 +187,8 @@ bool ParseDType(const std::string& name, DType* out);
 
 // Parses an op response (any of the four) the way the client does (for the tests).
 absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
+// Parses a grpc.health.v1 HealthCheckResponse the way Health() does (for the tests).
+absl::StatusOr<HealthStatus> ParseHealthForTest(const grpc::ByteBuffer& response);
 
 // Encodes a request exactly like protobuf would (exposed for the tests).
 // inputs: the op's tensor fields in field order (input; or a, b[, bias]).

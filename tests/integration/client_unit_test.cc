@@ -157,6 +157,41 @@ TEST(ResponseParserTest, ReadsHandleAndRejectsGarbageAndMissingOutput) {
   EXPECT_FALSE(ParseResponseForTest(Sliced(empty.SerializeAsString(), {}), &r).ok());
 }
 
+std::string Varint(uint64_t v) {
+  std::string s;
+  for (; v >= 0x80; v >>= 7) s.push_back(static_cast<char>(v | 0x80));
+  s.push_back(static_cast<char>(v));
+  return s;
+}
+
+// A length field (key, varint length) claiming `len` bytes, followed by `body`.
+std::string Field(char key, uint64_t len, const std::string& body) {
+  return std::string(1, key) + Varint(len) + body;
+}
+
+// Lengths a hostile or broken server sends past the end of its reply are parse errors: no
+// allocation of the claimed size, no offset that wraps.
+TEST(ResponseParserTest, LengthsPastTheEndAreErrorsNotAllocations) {
+  const std::string tensor = std::string("\x08\x01") + Field('\x1a', uint64_t{1} << 62, "");
+  const std::string ref = Field('\x0a', tensor.size(), tensor);
+  OpResult r;
+  EXPECT_FALSE(ParseResponseForTest(Sliced(Field('\x0a', ref.size(), ref), {3}), &r).ok());
+  for (uint64_t huge : {uint64_t{1} << 40, ~uint64_t{0} - 10}) {
+    EXPECT_FALSE(ParseResponseForTest(Sliced(Field('\x0a', huge, ref), {}), &r).ok()) << huge;
+    EXPECT_FALSE(ParseResponseForTest(Sliced(Field('\x12', huge, ""), {}), &r).ok()) << huge;
+  }
+}
+
+TEST(HealthParserTest, ReadsTheStatusSkipsOtherFieldsAndRejectsLengthsPastTheEnd) {
+  auto parse = [](const std::string& bytes) { return ParseHealthForTest(Sliced(bytes, {1})); };
+  EXPECT_EQ(*parse(std::string("\x08\x01", 2)), HealthStatus::kServing);
+  EXPECT_EQ(*parse(Field('\x12', 3, "abc") + std::string("\x08\x02", 2)), HealthStatus::kNotServing);
+  EXPECT_EQ(*parse(""), HealthStatus::kUnknown);
+  // 2^64 - 11: an offset that used to wrap to the start and loop for ever.
+  EXPECT_FALSE(parse(Field('\x12', ~uint64_t{0} - 10, "")).ok());
+  EXPECT_FALSE(parse(std::string("\x08", 1)).ok());
+}
+
 TEST(NpyTest, RoundTripsEveryRankThroughV1Header) {
   for (std::vector<int64_t> shape : {std::vector<int64_t>{}, {5}, {2, 3}, {2, 0, 4}}) {
     int64_t n = 1;
