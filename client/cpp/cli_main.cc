@@ -4,6 +4,7 @@
 // `health` asks the server's grpc.health.v1 service.
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ options:
   --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
   -q, --quiet         do not print the timing
   -h, --help          this text
+  The on/off options (--allow_tf32, --keep, --bf16_bits, -q) also take =true or
+  =false (=1 / =0).
 
 .npy conventions (NumPy has no bfloat16):
   '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),
@@ -95,6 +98,11 @@ int main(int argc, char** argv) {
   long chunk_mib = 4;
   long timeout_ms = 60000;
   std::vector<std::string> positional;
+  const std::map<std::string, bool*> on_off = {{"--keep", &keep},
+                                               {"--allow_tf32", &allow_tf32},
+                                               {"--bf16_bits", &bf16_bits},
+                                               {"-q", &quiet},
+                                               {"--quiet", &quiet}};
 
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i], value;
@@ -134,14 +142,15 @@ int main(int argc, char** argv) {
       char* end = nullptr;
       chunk_mib = std::strtol(v.c_str(), &end, 10);
       if (v.empty() || *end || chunk_mib <= 0 || chunk_mib > 1024) return Usage("--chunk_mib needs 1..1024");
-    } else if (arg == "--keep") {
-      keep = true;
-    } else if (arg == "--allow_tf32") {
-      allow_tf32 = true;
-    } else if (arg == "--bf16_bits") {
-      bf16_bits = true;
-    } else if (arg == "-q" || arg == "--quiet") {
-      quiet = true;
+    } else if (auto flag = on_off.find(arg); flag != on_off.end()) {
+      // On alone or with =true / =1; off with =false / =0.
+      if (!has_eq || value == "true" || value == "1") {
+        *flag->second = true;
+      } else if (value == "false" || value == "0") {
+        *flag->second = false;
+      } else {
+        return Usage(arg + " takes no value, or =true / =false");
+      }
     } else if (arg.size() > 1 && arg[0] == '-') {
       return Usage("unknown option " + arg);
     } else {

@@ -375,6 +375,24 @@ def test_cli_upload_keep_download_free_list(server, tmp_path):
     assert r.returncode == 1 and "NOT_FOUND" in r.stderr
 
 
+def test_cli_on_off_flags_take_true_or_false(server, tmp_path):
+    x = np.linspace(-2, 2, 8, dtype=np.float32)
+    np.save(tmp_path / "x.npy", x)
+    before = cli("--server", server.address, "list").stdout
+    r = cli("--server", server.address, "gelu", str(tmp_path / "x.npy"), "-o", str(tmp_path / "y.npy"),
+            "--keep=false", "--quiet=0")
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "y.npy").shape == (8,)  # written, not kept
+    assert cli("--server", server.address, "list").stdout == before
+    r = cli("--server", server.address, "gelu", str(tmp_path / "x.npy"), "--keep=true", "-q")
+    assert r.returncode == 0, r.stderr
+    handle = r.stdout.strip()
+    assert handle in cli("--server", server.address, "list").stdout
+    assert cli("--server", server.address, "free", handle).returncode == 0
+    r = cli("--server", server.address, "gelu", str(tmp_path / "x.npy"), "--keep=maybe")
+    assert r.returncode == 2 and "--keep takes no value, or =true / =false" in r.stderr
+
+
 def test_cli_health_prints_serving(server):
     r = cli("--server", server.address, "health")
     assert r.returncode == 0 and r.stdout.strip() == "SERVING"
