@@ -53,6 +53,19 @@ inline uint16_t FloatToHalf(float f) {
   return sign | static_cast<uint16_t>(r >> 13);
 }
 
+// double -> float rounded to odd (an inexact result gets its last mantissa bit set): narrowed
+// again to float16 or bfloat16 (11 or 8 bits against float's 24) it rounds as one direct
+// rounding of the double to nearest even would, where double -> float -> half can round
+// twice (1 + 2^-8 + 2^-30 would become bfloat16 1.0, not 1 + 2^-7).
+inline float DoubleToFloatRoundToOdd(double d) {
+  const float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || d != d) return f;  // exact, or NaN
+  uint32_t u = FloatBits(f);
+  // Magnitude order is bit order for one sign: step back toward zero if f rounded away.
+  if ((f < 0 ? -static_cast<double>(f) : static_cast<double>(f)) > (d < 0 ? -d : d)) --u;
+  return BitsFloat(u | 1u);
+}
+
 // Load / store element i of a buffer of dtype d as float.
 inline float LoadAsFloat(DType d, const void* p, size_t i) {
   switch (d) {

@@ -93,7 +93,10 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
     if (s == item.size()) continue;
     char* e = nullptr;
     const long long d = std::strtoll(item.c_str() + s, &e, 10);
-    if (e == item.c_str() + s || d < 0) return absl::InvalidArgumentError(".npy header: bad dim '" + item + "'");
+    const size_t rest = SkipSpace(item, static_cast<size_t>(e - item.c_str()));
+    if (e == item.c_str() + s || d < 0 || rest != item.size()) {
+      return absl::InvalidArgumentError(".npy header: bad dim '" + item + "'");
+    }
     if (d != 0 && count > std::numeric_limits<int64_t>::max() / d) {
       return absl::InvalidArgumentError(".npy shape overflows");
     }
@@ -104,6 +107,9 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
   const size_t item_size = ItemSize(a.descr);
   if (item_size == 0) return absl::InvalidArgumentError(".npy dtype '" + a.descr + "' is not understood");
   const size_t data_off = offset + header_len;
+  if (static_cast<uint64_t>(count) > std::numeric_limits<size_t>::max() / item_size) {
+    return absl::InvalidArgumentError(".npy shape overflows");
+  }
   const size_t need = static_cast<size_t>(count) * item_size;
   if (f.size() - data_off != need) {
     return absl::InvalidArgumentError(".npy data is " + std::to_string(f.size() - data_off) +
@@ -182,7 +188,8 @@ absl::StatusOr<HostTensor> NpyToTensor(const NpyArray& a, std::optional<DType> w
     if (a.descr == "<f8") {
       double d;
       std::memcpy(&d, a.data.data() + 8 * i, 8);
-      v = static_cast<float>(d);
+      // One rounding to the target: round to odd on the way through float32.
+      v = to == DType::kFloat32 ? static_cast<float>(d) : DoubleToFloatRoundToOdd(d);
     } else {
       v = LoadAsFloat(have, a.data.data(), i);
     }

@@ -2,6 +2,7 @@
 // protobuf byte for byte, and .npy files parse / serialize / convert as documented.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "client/cpp/fusebox_client.h"
@@ -254,6 +255,51 @@ TEST(NpyTest, Float64IsNarrowedAndUint16MeansBfloat16Bits) {
   EXPECT_EQ(b->ToFloats(), (std::vector<float>{1.5f, -3.25f}));
 
   EXPECT_FALSE(NpyToTensor(NpyArray{"<i4", {1}, std::string(4, '\0')}, std::nullopt).ok());
+}
+
+// '<f8' to a half type rounds once, to nearest even, as if directly: through float32 it
+// could round twice (1 + 2^-8 + 2^-30 landed on the tie 1 + 2^-8, then on 1.0).
+TEST(NpyTest, Float64ToHalfTypesRoundsOnce) {
+  struct Case {
+    double x;
+    DType to;
+    uint16_t bits;
+  };
+  const double e8 = std::ldexp(1.0, -8), e11 = std::ldexp(1.0, -11), e30 = std::ldexp(1.0, -30);
+  for (const Case& c : {Case{1 + e8 + e30, DType::kBFloat16, 0x3f81},
+                        Case{-(1 + e8 + e30), DType::kBFloat16, 0xbf81},
+                        Case{1 + e8, DType::kBFloat16, 0x3f80},      // a tie: to even
+                        Case{1 + 3 * e8, DType::kBFloat16, 0x3f82},  // a tie: to even
+                        Case{1 + e8 - e30, DType::kBFloat16, 0x3f80},
+                        Case{1 + e11 + e30, DType::kFloat16, 0x3c01},
+                        Case{1 + e11, DType::kFloat16, 0x3c00},
+                        Case{1e300, DType::kBFloat16, 0x7f80},
+                        Case{-1e300, DType::kFloat16, 0xfc00},
+                        Case{1e-300, DType::kFloat16, 0x0000}}) {
+    NpyArray f8{"<f8", {1}, std::string(reinterpret_cast<const char*>(&c.x), 8)};
+    auto t = NpyToTensor(f8, c.to);
+    ASSERT_TRUE(t.ok());
+    uint16_t got;
+    std::memcpy(&got, t->data.data(), 2);
+    EXPECT_EQ(got, c.bits) << c.x << " to " << DTypeName(c.to);
+  }
+}
+
+TEST(NpyTest, ShapesThatOverflowOrCarryJunkAreRejected) {
+  NpyArray a{"<f4", {2}, std::string(8, '\0')};
+  const std::string good = SerializeNpy(a);
+  ASSERT_TRUE(ParseNpy(good).ok());
+  for (const char* shape : {"(4611686018427387904,)", "(2 3,)", "(2x,)"}) {
+    std::string bad = good;
+    bad.replace(bad.find("(2,)"), 4, shape);
+    // Keep the header length: pad or trim the spaces before its newline.
+    const size_t nl = bad.find('\n');
+    const int diff = static_cast<int>(bad.size()) - static_cast<int>(good.size());
+    if (diff > 0) bad.erase(nl - diff, diff);
+    if (diff < 0) bad.insert(nl, -diff, ' ');
+    ASSERT_EQ(bad.size(), good.size()) << shape;
+    EXPECT_FALSE(ParseNpy(bad).ok()) << shape;
+  }
 }
 
 TEST(NpyTest, RequestedDtypeConvertsAndBfloat16IsWrittenAsFloat32OrBits) {

@@ -194,6 +194,16 @@ def test_bfloat16_conversion_rounds_to_nearest_even():
     assert np.isnan(back[5])
 
 
+def test_bfloat16_conversion_of_float64_rounds_once():
+    e8, e30 = 2.0 ** -8, 2.0 ** -30
+    x = np.array([1 + e8 + e30, -(1 + e8 + e30), 1 + e8, 1 + 3 * e8, 1 + e8 - e30, 1e300, -1e300, 1e-300,
+                  np.nan], dtype=np.float64)
+    bits = float_to_bfloat16_bits(x)
+    assert [hex(b) for b in bits[:8]] == ["0x3f81", "0xbf81", "0x3f80", "0x3f82", "0x3f80", "0x7f80", "0xff80",
+                                          "0x0"]
+    assert np.isnan(bfloat16_bits_to_float(bits[8:]))[0]
+
+
 def test_timing_is_reported(client):
     _, t = client.gelu(np.ones(1000, dtype=np.float32), return_timing=True)
     assert t.backend == "cpu"

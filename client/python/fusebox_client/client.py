@@ -86,9 +86,26 @@ def _info(t) -> TensorInfo:
                       t.created_unix_ms, t.last_used_unix_ms)
 
 
+def _float32_rounded_to_odd(x) -> np.ndarray:
+    """float64 -> float32 with round-to-odd (an inexact result gets its last bit set), so that
+    narrowing again to bfloat16 rounds as one direct rounding to nearest even would."""
+    d = np.ascontiguousarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        f = d.astype(np.float32)
+    back = f.astype(np.float64)
+    inexact = (back != d) & ~np.isnan(d)
+    away = np.abs(back) > np.abs(d)  # rounded away from zero: step back toward it
+    u = f.view(np.uint32).copy()
+    u[inexact] = (u[inexact] - away[inexact].astype(np.uint32)) | np.uint32(1)
+    return u.view(np.float32)
+
+
 def float_to_bfloat16_bits(x) -> np.ndarray:
-    """Rounds float values to bfloat16 (nearest even, NaN stays NaN); returns uint16 bits."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    """Rounds float values to bfloat16 (nearest even, NaN stays NaN); returns uint16 bits.
+    float64 input is rounded once, not through float32's rounding first."""
+    x = np.asarray(x)
+    f = _float32_rounded_to_odd(x) if x.dtype == np.float64 else np.ascontiguousarray(x, dtype=np.float32)
+    u = f.view(np.uint32)
     bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     bits = bits.astype(np.uint16)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
