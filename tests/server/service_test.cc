@@ -361,8 +361,13 @@ TEST_F(TokenServiceTest, CallWithoutOrWithUnknownTokenIsUnauthenticated) {
   std::string h;
   EXPECT_EQ(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h, "nope").error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
+  // Near misses too: a prefix, an extension, one byte off, another case.
+  for (const char* token : {"nope", "secret-", "secret-ab", "secret-c", "SECRET-A", "secret-a "}) {
+    EXPECT_EQ(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h, token).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED)
+        << token;
+  }
+  EXPECT_TRUE(Upload(RandomFloats(10), {10}, v1::FLOAT32, &h, "secret-a").ok());
   auto ctx = Ctx();
   v1::GeluRequest req;
   v1::GeluResponse resp;
