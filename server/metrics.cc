@@ -25,7 +25,7 @@
 //       filled from (launch: copy-in end -> kernel start, 0 on the CPU backend).
 //   fusebox_calls_total                  counter {method, code}  every RPC, gRPC code name
 //   fusebox_payload_bytes_total          counter {method, direction}  tensor bytes in / out
-//   fusebox_calls_in_flight              gauge   RPCs between arrival and reply
+//   fusebox_calls_in_flight              gauge   RPCs between arrival and reply (all methods)
 //   fusebox_build_info                   gauge=1 {version, backend, device, device_name}
 //   fusebox_queued_calls                 gauge {device}  accepted, waiting for a stream/worker
 //   fusebox_busy_streams                 gauge {device}  streams (CPU: workers) running a call

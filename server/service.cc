@@ -99,6 +99,10 @@ absl::StatusOr<RequestContext> KernelServiceImpl::Context(
   return c;
 }
 
+void KernelServiceImpl::StartOther() const {
+  if (metrics_) metrics_->CallStarted();
+}
+
 void KernelServiceImpl::RecordOther(const char* method, const grpc::Status& status,
                                     int64_t bytes_in, int64_t bytes_out) const {
   if (metrics_ == nullptr) return;
@@ -108,6 +112,7 @@ void KernelServiceImpl::RecordOther(const char* method, const grpc::Status& stat
   r.bytes_in = bytes_in;
   r.bytes_out = bytes_out;
   metrics_->RecordCall(r);
+  metrics_->CallFinished();
 }
 
 template <typename Req>
@@ -215,6 +220,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
  public:
   UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
       : svc_(svc), ctx_(ctx), resp_(resp) {
+    svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
       End(ToGrpcStatus(c.status()));
@@ -329,6 +335,7 @@ class KernelServiceImpl::DownloadReactor final
   DownloadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx,
                   const v1::DownloadRequest* req)
       : svc_(svc) {
+    svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
       End(ToGrpcStatus(c.status()));
@@ -411,6 +418,7 @@ grpc::ServerWriteReactor<v1::DownloadResponse>* KernelServiceImpl::Download(
 grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerContext* ctx,
                                                         const v1::FreeTensorRequest* req,
                                                         v1::FreeTensorResponse* resp) {
+  StartOther();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status;
   auto c = Context(*ctx);
@@ -431,6 +439,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerContext* ctx,
                                                          const v1::ListTensorsRequest* req,
                                                          v1::ListTensorsResponse* resp) {
+  StartOther();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status = ListInto(*ctx, *req, resp);
   RecordOther("ListTensors", status, 0, 0);

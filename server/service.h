@@ -48,8 +48,10 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   class UploadReactor;
   class DownloadReactor;
 
-  // Counts one finished RPC that ran no op (Upload, Download, FreeTensor,
-  // ListTensors) in the metrics, if any.
+  // An RPC that runs no op (Upload, Download, FreeTensor, ListTensors) in the
+  // metrics, if any: StartOther when it arrives (calls_in_flight), RecordOther
+  // once when it ends.
+  void StartOther() const;
   void RecordOther(const char* method, const grpc::Status& status, int64_t bytes_in,
                    int64_t bytes_out) const;
   grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,

@@ -620,7 +620,7 @@ double MetricValue(const std::string& text, const std::string& name,
   int found = 0;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) != 0) continue;
+    if (line.rfind(name + "{", 0) != 0 && line.rfind(name + " ", 0) != 0) continue;
     bool all = true;
     for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
     if (!all) continue;
@@ -689,6 +689,41 @@ struct LoopbackServer {
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<KernelService::Stub> stub;
 };
+
+// Every RPC counts in fusebox_calls_in_flight while it is open, uploads included.
+TEST_F(ServiceTest, CallsInFlightCountsAnOpenUploadUntilItEnds) {
+  const int metrics_port = FreePort();
+  ASSERT_GT(metrics_port, 0);
+  ServerOptions o;
+  o.metrics_address = "127.0.0.1:" + std::to_string(metrics_port);
+  StartServer(o);
+  auto in_flight = [&] {
+    return MetricValue(HttpGet(metrics_port, "/metrics"), "fusebox_calls_in_flight", {});
+  };
+  EXPECT_EQ(in_flight(), 0);
+  {
+    grpc::ClientContext ctx;
+    v1::UploadResponse resp;
+    auto w = stub_->Upload(&ctx, &resp);
+    v1::UploadRequest m;
+    m.set_dtype(v1::FLOAT32);
+    m.add_shape(256);
+    m.set_data(std::string(512, 'x'));  // half of it: the upload stays open
+    ASSERT_TRUE(w->Write(m));
+    double seen = 0;
+    for (int i = 0; i < 100 && (seen = in_flight()) < 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(seen, 1);
+    m.Clear();
+    m.set_data(std::string(512, 'x'));
+    ASSERT_TRUE(w->Write(m));
+    w->WritesDone();
+    ASSERT_TRUE(w->Finish().ok());
+  }
+  EXPECT_EQ(List().tensors_size(), 1);
+  EXPECT_EQ(in_flight(), 0);
+}
 
 // The CPU backend, with the launch gap a GPU would report: every call's
 // launch_us is kLaunchUs, so a nonzero value can be followed from the backend
