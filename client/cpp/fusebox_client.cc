@@ -156,6 +156,10 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, con
   return Serialize(req);
 }
 
+bool KnownDType(DType d) {
+  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+}
+
 // Reads protobuf wire data straight out of a response's slices (no flattening).
 // Lengths read with Length() are at most what is left, so a hostile length never
 // becomes an allocation or an offset past the end.
@@ -306,6 +310,10 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   }
   if (!has_tensor && result->handle.empty()) {
     return absl::InternalError("server response has no output tensor");
+  }
+  if (has_tensor && !KnownDType(out.dtype)) {
+    return absl::InternalError(absl::StrCat("the server sent dtype ", static_cast<int>(out.dtype),
+                                            ", which this client does not know"));
   }
   return absl::OkStatus();
 }
@@ -565,6 +573,10 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
   absl::Status st = FromGrpc(reader->Finish());
   if (!st.ok()) return st;
   if (!header) return absl::InternalError("download stream carried no tensor header");
+  if (!KnownDType(out.dtype)) {
+    return absl::InternalError(absl::StrCat("the server sent dtype ", static_cast<int>(out.dtype),
+                                            ", which this client does not know"));
+  }
   if (static_cast<int64_t>(out.data.size()) != size_bytes) {
     return absl::InternalError(absl::StrCat("the download carried ", out.data.size(),
                                             " bytes of a tensor of ", size_bytes));

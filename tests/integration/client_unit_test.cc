@@ -183,6 +183,18 @@ TEST(ResponseParserTest, LengthsPastTheEndAreErrorsNotAllocations) {
   }
 }
 
+TEST(ResponseParserTest, UnknownDtypeIsAnError) {
+  v1::GeluResponse resp;
+  auto* t = resp.mutable_output()->mutable_tensor();
+  t->set_dtype(static_cast<v1::DType>(7));
+  t->add_shape(1);
+  t->set_data(std::string(4, '\0'));
+  OpResult r;
+  absl::Status s = ParseResponseForTest(Sliced(resp.SerializeAsString(), {}), &r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("dtype 7"), absl::string_view::npos) << s;
+}
+
 TEST(HealthParserTest, ReadsTheStatusSkipsOtherFieldsAndRejectsLengthsPastTheEnd) {
   auto parse = [](const std::string& bytes) { return ParseHealthForTest(Sliced(bytes, {1})); };
   EXPECT_EQ(*parse(std::string("\x08\x01", 2)), HealthStatus::kServing);

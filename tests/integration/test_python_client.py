@@ -204,6 +204,17 @@ def test_bfloat16_conversion_of_float64_rounds_once():
     assert np.isnan(bfloat16_bits_to_float(bits[8:]))[0]
 
 
+def test_big_endian_input_is_the_same_values(client):
+    x = np.linspace(-2, 2, 9).astype(">f4")
+    np.testing.assert_allclose(client.gelu(x), gelu_ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
+
+
+def test_upload_refuses_a_chunk_size_below_one(client):
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match="chunk_bytes must be > 0"):
+            client.upload(np.ones(4, np.float32), chunk_bytes=bad)
+
+
 def test_timing_is_reported(client):
     _, t = client.gelu(np.ones(1000, dtype=np.float32), return_timing=True)
     assert t.backend == "cpu"

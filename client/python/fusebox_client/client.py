@@ -132,6 +132,8 @@ def _dtype_name(dtype) -> Optional[str]:
 def to_tensor(x, dtype=None) -> "pb.Tensor":
     """numpy array (+ optional target dtype) -> fusebox.v1.Tensor (see module doc)."""
     arr = np.asarray(x)
+    if arr.dtype.byteorder == ">":  # big-endian floats: the same values, little-endian
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
     want = _dtype_name(dtype)
     if want is None:
         if arr.dtype == np.float32:
@@ -264,6 +266,8 @@ class Client:
 
     def upload(self, x, *, dtype=None, chunk_bytes=4 << 20, timeout=None) -> Handle:
         """Streams x to the server in chunks; returns its Handle."""
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be > 0, not {chunk_bytes}")
         t = to_tensor(x, dtype)
         data = memoryview(t.data)
 
