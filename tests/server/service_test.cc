@@ -33,6 +33,8 @@ namespace {
 
 using v1::KernelService;
 
+int FreePort();  // a loopback port nobody listens on (below)
+
 class ServiceTest : public ::testing::Test {
  protected:
   void StartServer(ServerOptions o) {
@@ -44,6 +46,15 @@ class ServiceTest : public ::testing::Test {
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
                                    grpc::InsecureChannelCredentials());
     stub_ = KernelService::NewStub(channel_);
+  }
+  // StartServer with /metrics on a free loopback port; returns the port (0: none free).
+  int StartServerWithMetrics() {
+    const int port = FreePort();
+    if (port <= 0) return 0;
+    ServerOptions o;
+    o.metrics_address = "127.0.0.1:" + std::to_string(port);
+    StartServer(o);
+    return port;
   }
   void SetUp() override {}
   void TearDown() override {
@@ -635,11 +646,8 @@ double MetricValue(const std::string& text, const std::string& name,
 // and sums what the responses said (launch_us is 0 on the CPU backend, but
 // the series is there and counts the calls).
 TEST_F(ServiceTest, MetricsPhasesMatchTheResponsesTimingLaunchIncluded) {
-  const int metrics_port = FreePort();
+  const int metrics_port = StartServerWithMetrics();
   ASSERT_GT(metrics_port, 0);
-  ServerOptions o;
-  o.metrics_address = "127.0.0.1:" + std::to_string(metrics_port);
-  StartServer(o);
   constexpr int kCalls = 7;
   const char* phases[] = {"queue", "copy_in", "launch", "kernel", "copy_out", "total"};
   double sums[6] = {};
@@ -692,11 +700,8 @@ struct LoopbackServer {
 
 // Every RPC counts in fusebox_calls_in_flight while it is open, uploads included.
 TEST_F(ServiceTest, CallsInFlightCountsAnOpenUploadUntilItEnds) {
-  const int metrics_port = FreePort();
+  const int metrics_port = StartServerWithMetrics();
   ASSERT_GT(metrics_port, 0);
-  ServerOptions o;
-  o.metrics_address = "127.0.0.1:" + std::to_string(metrics_port);
-  StartServer(o);
   auto in_flight = [&] {
     return MetricValue(HttpGet(metrics_port, "/metrics"), "fusebox_calls_in_flight", {});
   };
