@@ -104,7 +104,10 @@ def float_to_bfloat16_bits(x) -> np.ndarray:
     """Rounds float values to bfloat16 (nearest even, NaN stays NaN); returns uint16 bits.
     float64 input is rounded once, not through float32's rounding first."""
     x = np.asarray(x)
-    f = _float32_rounded_to_odd(x) if x.dtype == np.float64 else np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype == np.float64:
+        f = _float32_rounded_to_odd(x)
+    else:
+        f = np.ascontiguousarray(x, dtype=np.float32)
     u = f.view(np.uint32)
     bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     bits = bits.astype(np.uint16)
