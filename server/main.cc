@@ -96,6 +96,7 @@ int main(int argc, char** argv) {
   const int64_t budget_mib = absl::GetFlag(FLAGS_store_budget_mib);
   const int64_t quota_mib = absl::GetFlag(FLAGS_tenant_quota_mib);
   const int64_t max_tensor_mib = absl::GetFlag(FLAGS_max_tensor_mib);
+  const int64_t retain_mib = absl::GetFlag(FLAGS_malloc_retain_mib);
   constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
   auto bytes = [](int64_t mib) { return mib >= 0 && mib <= kMaxMib ? mib << 20 : int64_t{-1}; };
   o.backend.cuda.staging_bytes = static_cast<size_t>(std::max<int64_t>(bytes(staging_mib), 0));
@@ -111,12 +112,6 @@ int main(int argc, char** argv) {
   o.max_tensor_bytes = bytes(max_tensor_mib);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
 
-  // Large request and response buffers come and go with every call; glibc
-  // would mmap each one fresh and fault it in page by page.
-  if (const int64_t keep = absl::GetFlag(FLAGS_malloc_retain_mib); keep > 0) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(keep << 20, INT_MAX)));
-  }
 
   std::string bad;
   if (impl == "cublaslt") {
@@ -127,7 +122,8 @@ int main(int argc, char** argv) {
     bad = "--matmul_impl must be cublaslt or tiled";
   }
   if (o.backend.cpu.workers < 1) bad = "--workers must be >= 1";
-  if (o.backend.cuda.streams < 1 || o.backend.cuda.streams > fusebox::kMaxCudaStreams) {
+  if (o.backend.kind != "cpu" &&
+      (o.backend.cuda.streams < 1 || o.backend.cuda.streams > fusebox::kMaxCudaStreams)) {
     bad = absl::StrCat("--streams must be in 1..", fusebox::kMaxCudaStreams);
   }
   if (queue_capacity < 1) bad = "--queue_capacity must be >= 1";
@@ -143,9 +139,17 @@ int main(int argc, char** argv) {
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
   if (o.idle_expiry_seconds < 0) bad = "--idle_expiry_s must be >= 0";
+  if (bytes(retain_mib) < 0) bad = absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib);
   if (!bad.empty()) {
     std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
     return 2;
+  }
+
+  // Large request and response buffers come and go with every call; glibc
+  // would mmap each one fresh and fault it in page by page.
+  if (retain_mib > 0) {
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(bytes(retain_mib), INT_MAX)));
   }
   const absl::Status s = fusebox::RunServer(o);
   if (!s.ok()) {

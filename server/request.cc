@@ -5,6 +5,7 @@
 // MatmulRelu with K = 0 returns relu(bias) (or zeros): the sums are empty.
 #include "server/request.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -154,16 +155,20 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestCo
     return p;
   }
   // RowSum: float32 output without the last axis. An input with a zero-length
-  // axis has no elements, yet its other axes may still multiply past int64: the
-  // output's size is checked on its own.
+  // last axis has no elements, yet its other axes may still multiply past int64:
+  // the output's size is checked on its own (a zero among them makes it empty).
   std::vector<int64_t> oshape(a->shape.begin(), a->shape.end() - 1);
   int64_t rows = 1;
-  for (int64_t d : oshape) {
-    if (__builtin_mul_overflow(rows, d, &rows) ||
-        rows > std::numeric_limits<int64_t>::max() / 4) {
-      return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
-                                  ": its output (every axis but the last) has more bytes "
-                                  "than fit in 64 bits"));
+  if (std::find(oshape.begin(), oshape.end(), 0) != oshape.end()) {
+    rows = 0;
+  } else {
+    for (int64_t d : oshape) {
+      if (__builtin_mul_overflow(rows, d, &rows) ||
+          rows > std::numeric_limits<int64_t>::max() / 4) {
+        return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
+                                    ": its output (every axis but the last) has more bytes "
+                                    "than fit in 64 bits"));
+      }
     }
   }
   p.call.rows = rows;

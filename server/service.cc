@@ -349,9 +349,6 @@ class KernelServiceImpl::DownloadReactor final
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
       return;
     }
-    // Every message, header included, must fit the server's message limit.
-    chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
-                       kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes)});
     auto t = svc_->store_->Get(c->tenant, req->handle());
     if (!t.ok()) {
       End(ToGrpcStatus(t.status()));
@@ -359,6 +356,11 @@ class KernelServiceImpl::DownloadReactor final
     }
     tensor_ = *std::move(t);
     FillInfo(*tensor_, msg_.mutable_tensor());
+    // Every message, the first with its header, must fit the server's message limit
+    // (max_output_bytes leaves 4 KiB for the rest of a message; a long shape takes more).
+    const int64_t header = static_cast<int64_t>(msg_.tensor().ByteSizeLong());
+    chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
+                       kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});
     Next();
   }
 

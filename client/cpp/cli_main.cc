@@ -55,8 +55,8 @@ options:
   --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
   -q, --quiet         do not print the timing
   -h, --help          this text
-  The on/off options (--allow_tf32, --keep, --bf16_bits, -q) also take =true or
-  =false (=1 / =0).
+  The on/off options --allow_tf32, --keep, --bf16_bits and --quiet also take =true
+  or =false (=1 / =0).
 
 .npy conventions (NumPy has no bfloat16):
   '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),

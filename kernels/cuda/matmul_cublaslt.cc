@@ -279,6 +279,7 @@ struct CublasLtMatmul::Plan {
   cublasLtMatrixLayoutOpaque_t la, lb, lc;
   AlgoKey key;
   MatmulAlgoCache::Entry entry;
+  bool cached = true;  // false: a choice made for one call only (inside a graph capture)
 };
 
 absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, cudaStream_t stream, Plan* plan) {
@@ -316,7 +317,8 @@ absl::Status CublasLtMatmul::MakePlan(const MatmulArgs& args, cudaStream_t strea
     ++impl_->stats.cache_misses;
     if (absl::Status s = Choose(args, stream, plan); !s.ok()) return s;
   }
-  impl_->has_last = true;
+  // A choice that was not cached is not kept either: the next call chooses properly.
+  impl_->has_last = plan->cached;
   impl_->last_key = plan->key;
   impl_->last_entry = plan->entry;
   return absl::OkStatus();
@@ -357,6 +359,7 @@ absl::Status CublasLtMatmul::Choose(const MatmulArgs& args, cudaStream_t stream,
         // uncaptured call times the two.
         cudaGetLastError();
         e.choice = LtAlgoChoice::kTimingFailed;
+        plan->cached = false;
         return absl::OkStatus();
       }
       ++impl_->stats.timed_selections;

@@ -31,9 +31,9 @@ TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 class Server:
     """A fusebox-server child process; always killed by stop()/kill()."""
 
-    def __init__(self):
+    def __init__(self, *flags):
         self.proc = subprocess.Popen(
-            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu"],
+            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
@@ -449,6 +449,7 @@ def test_sigterm_makes_server_exit_zero():
     ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
+    ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
 ])
 def test_server_refuses_out_of_range_flags_before_starting(flag, says):
     r = subprocess.run([SERVER_BIN, "--address=127.0.0.1:0", flag], capture_output=True, text=True,
@@ -456,3 +457,12 @@ def test_server_refuses_out_of_range_flags_before_starting(flag, says):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert says in r.stderr
     assert "listening" not in r.stdout
+
+
+def test_cuda_only_flags_do_not_stop_a_cpu_server():
+    s = Server("--streams=100", "--staging_mib=4096")
+    try:
+        assert "backend=cpu" in s.first_line
+        assert s.stop(30) == 0
+    finally:
+        s.kill()

@@ -221,7 +221,7 @@ TEST(Request, RowSumOfZeroLengthRowsIsZeros) {
 // A zero-length last axis makes the input empty however long its other axes are; the
 // output keeps those axes, so their product is checked on its own (it once wrapped to a
 // negative size or to 1).
-TEST(Request, RowSumWhoseOutputOverflowsIsInvalid) {
+TEST(Request, RowSumWhoseOutputOverflowsIsInvalidAndAnEmptyOneIsNot) {
   using Shape = std::vector<int64_t>;
   for (const Shape& shape : {Shape{INT64_MAX, 2, 0}, Shape{7, 0x6DB6DB6DB6DB6DB7, 0},
                              Shape{int64_t{1} << 31, int64_t{1} << 31, 0}}) {
@@ -234,6 +234,18 @@ TEST(Request, RowSumWhoseOutputOverflowsIsInvalid) {
                 "more bytes than fit in 64 bits");
     EXPECT_TRUE(out.data().empty());
     EXPECT_EQ(out.shape_size(), 0);
+  }
+  // A zero among the leading axes makes the output empty wherever it stands.
+  const int64_t big = int64_t{1} << 40;
+  for (const Shape& shape : {Shape{big, big, 0, 5}, Shape{0, big, big, 5}, Shape{big, 0, big, 5}}) {
+    v1::RowSumRequest r;
+    auto* t = r.mutable_input()->mutable_tensor();
+    t->set_dtype(v1::FLOAT32);
+    for (int64_t d : shape) t->add_shape(d);
+    v1::Tensor out;
+    auto p = PrepareRowSum(r, kLimits, &out);
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (p.ok()) EXPECT_EQ(p->call.rows, 0);
   }
 }
 
