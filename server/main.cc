@@ -64,7 +64,7 @@ ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 
 int main(int argc, char** argv) {
-  fusebox::BlockShutdownSignals();  // before gRPC or the backend start threads
+  fusebox::CatchShutdownSignals();
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
     return absl::StrContains(file, "server/main.cc");

@@ -4,10 +4,12 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -25,12 +27,27 @@
 
 namespace fusebox {
 
-void BlockShutdownSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+namespace {
+
+// The shutdown signal's number, posted by its handler for RunServer to wait on.
+std::atomic<int> g_shutdown_signal{0};
+sem_t g_shutdown_sem;
+
+void OnShutdownSignal(int sig) {
+  g_shutdown_signal.store(sig);
+  sem_post(&g_shutdown_sem);  // async-signal-safe
+}
+
+}  // namespace
+
+void CatchShutdownSignals() {
+  sem_init(&g_shutdown_sem, 0, 0);
+  struct sigaction sa = {};
+  sa.sa_handler = OnShutdownSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
 }
 
 namespace {
@@ -178,12 +195,9 @@ absl::Status RunServer(const ServerOptions& o) {
               (*server)->backend().device().c_str());
   std::fflush(stdout);
 
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  int sig = 0;
-  sigwait(&set, &sig);
+  while (sem_wait(&g_shutdown_sem) != 0) {
+  }  // EINTR: another signal's handler ran on this thread
+  const int sig = g_shutdown_signal.load();
   Log("%s: NOT_SERVING; serving %.1f s more, then draining (up to %.0f s)",
       sig == SIGTERM ? "SIGTERM" : "SIGINT", o.shutdown_notice_seconds, o.drain_seconds);
   (*server)->Shutdown(o.drain_seconds, o.shutdown_notice_seconds);

@@ -53,11 +53,14 @@ class FuseboxServer {
   std::unique_ptr<State> s_;
 };
 
-// Blocks until a shutdown signal has been handled. The caller must have
-// blocked SIGTERM and SIGINT in every thread (BlockShutdownSignals) first.
+// Serves until SIGTERM or SIGINT (CatchShutdownSignals must have run), then
+// drains and returns.
 absl::Status RunServer(const ServerOptions& options);
 
-// Call at the top of main, before any thread starts.
-void BlockShutdownSignals();
+// Installs the SIGTERM / SIGINT handler that RunServer waits on. A handler, not
+// a blocked mask: threads started before main (OpenBLAS starts one in a library
+// constructor) could not be masked, and a signal they took killed the process.
+// Later signals while the server drains are absorbed. Call at the top of main.
+void CatchShutdownSignals();
 
 }  // namespace fusebox

@@ -466,3 +466,24 @@ def test_cuda_only_flags_do_not_stop_a_cpu_server():
         assert s.stop(30) == 0
     finally:
         s.kill()
+
+
+def test_sigterm_right_after_start_drains_and_exits_zero_every_time():
+    # OpenBLAS starts a thread before main; a signal it took used to kill the server (-15).
+    for _ in range(25):
+        s = Server()
+        try:
+            assert s.stop(30) == 0
+        finally:
+            s.kill()
+
+
+def test_a_second_signal_during_the_notice_is_absorbed():
+    s = Server("--shutdown_notice_s=1")
+    try:
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert s.stop(30) == 0  # a second SIGTERM
+    finally:
+        s.kill()
+
