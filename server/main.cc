@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -131,14 +132,18 @@ int main(int argc, char** argv) {
     bad = "--staging_mib must be in 0..1048576";
   }
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
-  if (o.drain_seconds < 0 || o.shutdown_notice_seconds < 0) {
-    bad = "--drain_seconds and --shutdown_notice_s must be >= 0";
+  // Seconds: finite and at most a day (a double past int64 nanoseconds stopped at once).
+  auto seconds_ok = [](double s) { return std::isfinite(s) && s >= 0 && s <= 86400; };
+  if (!seconds_ok(o.drain_seconds) || !seconds_ok(o.shutdown_notice_seconds)) {
+    bad = "--drain_seconds and --shutdown_notice_s must be in 0..86400";
   }
   if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
     bad = absl::StrCat(
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
-  if (o.idle_expiry_seconds < 0) bad = "--idle_expiry_s must be >= 0";
+  if (!std::isfinite(o.idle_expiry_seconds) || o.idle_expiry_seconds < 0) {
+    bad = "--idle_expiry_s must be a finite number >= 0";
+  }
   if (bytes(retain_mib) < 0) bad = absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib);
   if (!bad.empty()) {
     std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
@@ -154,7 +159,8 @@ int main(int argc, char** argv) {
   const absl::Status s = fusebox::RunServer(o);
   if (!s.ok()) {
     std::fprintf(stderr, "fusebox-server: %s\n", s.ToString().c_str());
-    return 1;
+    // INVALID_ARGUMENT at start-up is a flag this host cannot honour: a usage error too.
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   return 0;
 }

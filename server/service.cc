@@ -79,7 +79,9 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   std::string tenant_, handle_;
 };
 
-constexpr int64_t kDefaultChunkBytes = 4 << 20;
+// 64 KiB under 4 MiB: a message with its header still fits gRPC's default 4 MiB receive limit,
+// so stock clients (grpcurl, a generated stub) can Download without raising it.
+constexpr int64_t kDefaultChunkBytes = (4 << 20) - (64 << 10);
 constexpr int64_t kMaxChunkBytes = 64 << 20;
 
 }  // namespace

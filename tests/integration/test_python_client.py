@@ -450,6 +450,11 @@ def test_sigterm_makes_server_exit_zero():
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
     ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
+    ("--drain_seconds=nan", "--drain_seconds and --shutdown_notice_s must be in 0..86400"),
+    ("--shutdown_notice_s=inf", "--drain_seconds and --shutdown_notice_s must be in 0..86400"),
+    ("--idle_expiry_s=nan", "--idle_expiry_s must be a finite number >= 0"),
+    ("--max_message_bytes=0", "--max_message_bytes must be in 1..2147483647"),
+    ("--backend=bogus", "--backend=bogus is unknown"),
 ])
 def test_server_refuses_out_of_range_flags_before_starting(flag, says):
     r = subprocess.run([SERVER_BIN, "--address=127.0.0.1:0", flag], capture_output=True, text=True,
@@ -486,4 +491,17 @@ def test_a_second_signal_during_the_notice_is_absorbed():
         assert s.stop(30) == 0  # a second SIGTERM
     finally:
         s.kill()
+
+
+def test_download_default_chunks_fit_a_stock_grpc_client(client, server):
+    from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
+    x = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: three default chunks and a bit
+    h = client.upload(x)
+    try:
+        with grpc.insecure_channel(server.address) as ch:  # gRPC's default 4 MiB receive limit
+            stub = pb_grpc.KernelServiceStub(ch)
+            parts = [m.data for m in stub.Download(pb.DownloadRequest(handle=h), timeout=30)]
+        assert np.array_equal(np.frombuffer(b"".join(parts), np.float32), x)
+    finally:
+        client.free(h)
 

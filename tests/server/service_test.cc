@@ -153,7 +153,7 @@ TEST_F(ServiceTest, UploadThenDownloadReturnsTheSameBytes) {
   EXPECT_EQ(l.used_bytes(), 4000012);
 }
 
-// Download's chunks (the 4 MiB default, and larger ones asked for) shrink to fit a server
+// Download's chunks (the default, and larger ones asked for) shrink to fit a server
 // started with a smaller message limit.
 TEST_F(ServiceTest, DownloadChunksFitTheServersMessageLimit) {
   ServerOptions o;
