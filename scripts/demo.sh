@@ -11,7 +11,7 @@ log=$(mktemp)
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$log"' EXIT
 for _ in $(seq 100); do grep -q listening "$log" && break; sleep 0.1; done
-head -n 1 "$log"
+grep -m 1 listening "$log"
 addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$log" | head -n 1)
 echo "== Python client (client/python/example.py)"
 PYTHONPATH="$build/python" /usr/bin/python3 client/python/example.py "$addr"
