@@ -1,11 +1,13 @@
 // WorkQueue: see work_queue.h.
 #include "server/work_queue.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace fusebox {
 
 WorkQueue::WorkQueue(int workers, size_t capacity) : capacity_(capacity) {
+  workers = std::max(workers, 1);  // a queue without workers would never run what it accepts
   threads_.reserve(workers);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { Run(i); });
 }
@@ -23,13 +25,16 @@ bool WorkQueue::TryPush(Job job) {
 }
 
 void WorkQueue::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  // Every caller returns only once the queue has drained and its workers are joined (a
+  // second caller waits for the first).
+  std::call_once(shutdown_once_, [this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  });
 }
 
 bool WorkQueue::stopping() const {

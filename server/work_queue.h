@@ -17,6 +17,7 @@ class WorkQueue {
  public:
   using Job = std::function<void(int worker)>;
 
+  // At least one worker (0 or fewer is taken as 1).
   WorkQueue(int workers, size_t capacity);
   ~WorkQueue();
   WorkQueue(const WorkQueue&) = delete;
@@ -24,7 +25,8 @@ class WorkQueue {
 
   // False when the queue holds `capacity` jobs or Shutdown has begun.
   bool TryPush(Job job);
-  // Stops accepting, runs what is queued, joins the workers. Idempotent.
+  // Stops accepting, runs what is queued, joins the workers. Idempotent: every
+  // caller returns once that is done. Not from a worker (a job) itself.
   void Shutdown();
 
   bool stopping() const;
@@ -41,6 +43,7 @@ class WorkQueue {
   std::deque<Job> jobs_;
   int busy_ = 0;
   bool stopping_ = false;
+  std::once_flag shutdown_once_;
   std::vector<std::thread> threads_;
 };
 

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <thread>
 
 namespace fusebox {
 namespace {
@@ -32,6 +33,34 @@ TEST(WorkQueue, ShutdownRunsQueuedJobsThenRefuses) {
   EXPECT_EQ(ran, 50);
   EXPECT_TRUE(q.stopping());
   EXPECT_FALSE(q.TryPush([](int) {}));
+}
+
+// A second Shutdown, from another thread while the first drains, returns only once the
+// queue has drained too (it used to return at once).
+TEST(WorkQueue, EveryShutdownCallerWaitsForTheDrain) {
+  WorkQueue q(1, 10);
+  std::atomic<bool> finished{false};
+  std::atomic<bool> started{false};
+  ASSERT_TRUE(q.TryPush([&](int) {
+    started = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    finished = true;
+  }));
+  while (!started) std::this_thread::yield();
+  std::thread first([&] { q.Shutdown(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the first caller is draining
+  q.Shutdown();
+  EXPECT_TRUE(finished);
+  first.join();
+}
+
+TEST(WorkQueue, ZeroWorkersIsOneWorker) {
+  std::atomic<int> ran{0};
+  WorkQueue q(0, 10);
+  EXPECT_EQ(q.workers(), 1);
+  ASSERT_TRUE(q.TryPush([&](int) { ++ran; }));
+  q.Shutdown();
+  EXPECT_EQ(ran, 1);
 }
 
 TEST(WorkQueue, WorkersRunConcurrentlyWithDistinctIndices) {
