@@ -156,8 +156,11 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, con
   return Serialize(req);
 }
 
-bool KnownDType(DType d) {
-  return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16;
+// A dtype the server sent: one this client knows, else an error naming it.
+absl::Status CheckServerDType(DType d) {
+  if (d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("the server sent dtype ", static_cast<int>(d),
+                                          ", which this client does not know"));
 }
 
 // Reads protobuf wire data straight out of a response's slices (no flattening).
@@ -311,11 +314,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   if (!has_tensor && result->handle.empty()) {
     return absl::InternalError("server response has no output tensor");
   }
-  if (has_tensor && !KnownDType(out.dtype)) {
-    return absl::InternalError(absl::StrCat("the server sent dtype ", static_cast<int>(out.dtype),
-                                            ", which this client does not know"));
-  }
-  return absl::OkStatus();
+  return has_tensor ? CheckServerDType(out.dtype) : absl::OkStatus();
 }
 
 // HealthCheckResponse { ServingStatus status = 1; }: reads field 1, skips others.
@@ -573,10 +572,7 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
   absl::Status st = FromGrpc(reader->Finish());
   if (!st.ok()) return st;
   if (!header) return absl::InternalError("download stream carried no tensor header");
-  if (!KnownDType(out.dtype)) {
-    return absl::InternalError(absl::StrCat("the server sent dtype ", static_cast<int>(out.dtype),
-                                            ", which this client does not know"));
-  }
+  if (absl::Status d = CheckServerDType(out.dtype); !d.ok()) return d;
   if (static_cast<int64_t>(out.data.size()) != size_bytes) {
     return absl::InternalError(absl::StrCat("the download carried ", out.data.size(),
                                             " bytes of a tensor of ", size_bytes));
