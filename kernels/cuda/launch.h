@@ -14,7 +14,8 @@
 //  - Softmax: each row of `cols` elements, max-subtracted, float32 arithmetic. A row holding a NaN
 //    or +inf, or made only of -inf, becomes all NaN (as PyTorch). in and out must not overlap.
 //  - RowSum: out[r] = float32 sum of row r (float32 accumulation). cols == 0 writes zeros.
-// Sizes: rows * cols may exceed 2^31 (64-bit indexing); 0 <= cols < 2^31 (issue 3 asks 1..2^24).
+// Sizes: rows * cols may exceed 2^31 (64-bit indexing); a row is at most kMaxRowAccesses accesses
+// (RowLengthSupported; issue 3 asks 1..2^24 elements); longer rows give cudaErrorInvalidValue.
 // Pointers: any element-aligned address; the 16-byte vector path is used when the pointers and the
 // row length allow it, a scalar path otherwise. Negative sizes give cudaErrorInvalidValue.
 // Thread safety: launchers may be called concurrently from several threads and streams.
@@ -34,6 +35,14 @@
 namespace fusebox::cuda {
 
 cudaError_t LaunchGelu(DType dt, const void* in, void* out, int64_t n, cudaStream_t s);
+// The longest softmax / row-sum row: kMaxRowAccesses accesses, of 16 bytes where the row is a
+// whole number of them and the pointers are 16-byte aligned (as pool memory is), else of one
+// element. RowLengthSupported answers for 16-byte aligned pointers.
+constexpr int64_t kMaxRowAccesses = (int64_t{1} << 30) - 1;
+constexpr bool RowLengthSupported(DType dt, int64_t cols) {
+  const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
+  return (cols % w == 0 ? cols / w : cols) <= kMaxRowAccesses;
+}
 // Device scratch memory; {nullptr, 0} = none (softmax then uses no split path).
 struct Workspace {
   void* ptr = nullptr;

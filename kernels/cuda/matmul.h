@@ -150,10 +150,11 @@ class CublasLtMatmul {
   // device (making its primary context current first). `policy`: see
   // LtAlgoPolicy. Runners with different policies or workspace sizes may
   // share a cache: both are part of the key, so they never see each other's
-  // entries.
+  // entries. `scratch_pool`: where the timing of two picks takes its 64 MiB
+  // L2-flush buffer for the while (null: the device's default pool).
   static absl::StatusOr<std::unique_ptr<CublasLtMatmul>> Create(
       std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes = kDefaultWorkspaceBytes,
-      LtAlgoPolicy policy = LtAlgoPolicy::kTwoPicks);
+      LtAlgoPolicy policy = LtAlgoPolicy::kTwoPicks, cudaMemPool_t scratch_pool = nullptr);
   ~CublasLtMatmul();
   CublasLtMatmul(const CublasLtMatmul&) = delete;
   CublasLtMatmul& operator=(const CublasLtMatmul&) = delete;

@@ -219,6 +219,7 @@ struct CublasLtMatmul::Impl {
   size_t workspace_bytes = 0;
   cudaEvent_t events[kNumEvents] = {};
   LtAlgoPolicy policy = LtAlgoPolicy::kTwoPicks;
+  cudaMemPool_t scratch_pool = nullptr;  // TimePicks' flush buffer; null: the default pool
   LtStats stats;
   // The runner's latest choice, its own copy: a Run right after its Prepare finds it even
   // if the shared cache was cleared in between by another runner's Put.
@@ -240,9 +241,11 @@ CublasLtMatmul::CublasLtMatmul(std::unique_ptr<Impl> impl) : impl_(std::move(imp
 CublasLtMatmul::~CublasLtMatmul() = default;
 
 absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
-    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes, LtAlgoPolicy policy) {
+    std::shared_ptr<MatmulAlgoCache> cache, size_t workspace_bytes, LtAlgoPolicy policy,
+    cudaMemPool_t scratch_pool) {
   auto impl = std::make_unique<Impl>();
   impl->policy = policy;
+  impl->scratch_pool = scratch_pool;
   impl->cache = cache ? std::move(cache) : NewMatmulAlgoCache();
   // cublasLtCreate queries the device through the driver API (cuCtxGetLimit),
   // which needs a current context. On a thread that has not made a runtime
@@ -433,9 +436,9 @@ absl::Status CublasLtMatmul::Launch(const MatmulArgs& args, Plan& plan,
 
 // Times the two picks on the call's buffers and stream: one warm-up each, then
 // kPickRounds rounds of (large, small), each launch after a 64 MiB read of a
-// scratch buffer (L2 flush; the scratch comes from the stream-ordered pool,
-// is zeroed once and goes back after; without it the picks are timed on a
-// warm L2) and between its own start and end events; one wait at the end.
+// scratch buffer (L2 flush; the scratch comes from the runner's scratch pool
+// (Create), is zeroed once and goes back after; without it the picks are
+// timed on a warm L2) and between its own start and end events; one wait at the end.
 // args.out is written by every launch and then again by the real one. Any
 // failure: false, and the error it left is cleared (a sticky error would still
 // fail the real launch, which reports it).
@@ -446,7 +449,11 @@ bool CublasLtMatmul::TimePicks(const MatmulArgs& args, Plan& plan,
   cudaEvent_t* ev = impl_->events;
   void* scratch = nullptr;
   const size_t scratch_bytes = kPickFlushBytes + kPickFlushBytes / kFlushRowBytes * sizeof(float);
-  if (cudaMallocAsync(&scratch, scratch_bytes, stream) != cudaSuccess ||
+  const cudaError_t got =
+      impl_->scratch_pool != nullptr
+          ? cudaMallocFromPoolAsync(&scratch, scratch_bytes, impl_->scratch_pool, stream)
+          : cudaMallocAsync(&scratch, scratch_bytes, stream);
+  if (got != cudaSuccess ||
       cudaMemsetAsync(scratch, 0, scratch_bytes, stream) != cudaSuccess) {
     cudaGetLastError();
     if (scratch != nullptr) cudaFreeAsync(scratch, stream);

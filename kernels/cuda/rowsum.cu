@@ -289,7 +289,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   constexpr int W = 16 / sizeof(T);
   p->vec = cols % W == 0 && Aligned16(in);
   const int64_t nacc64 = p->vec ? cols / W : cols;
-  if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
+  if (nacc64 > kMaxRowAccesses) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;

@@ -932,7 +932,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   constexpr int W = 16 / sizeof(T);
   p->vec = cols % W == 0 && Aligned16(in) && Aligned16(out);
   const int64_t nacc64 = p->vec ? cols / W : cols;
-  if (nacc64 > INT_MAX / 2) return cudaErrorInvalidValue;
+  if (nacc64 > kMaxRowAccesses) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   p->fma = k.exp_fma >= 0;
@@ -1211,7 +1211,7 @@ size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
   constexpr int W = 16 / sizeof(T);  // as aligned pointers would have it
   const bool vec = cols % W == 0;
   const int64_t nacc = vec ? cols / W : cols;
-  if (nacc > INT_MAX / 2) return 0;
+  if (nacc > kMaxRowAccesses) return 0;
   return SplitBytes(rows, SplitWanted<T>(k, static_cast<int>(nacc), vec));
 }
 

@@ -146,6 +146,9 @@ class CudaBackend final : public Backend {
   absl::Status PoolAlloc(size_t bytes, cudaStream_t stream, void** p);
   // Converts an error met while running on `w`; notices a broken context.
   absl::Status Fail(cudaError_t e, const char* what, StreamWorker* w);
+  // Fail, then waits for what is already queued on w's stream: the caller may give the tensor
+  // (or the staging) back as soon as it has the status, and no copy may still write to it.
+  absl::Status FailAndDrain(cudaError_t e, const char* what, StreamWorker& w);
   absl::Status Broken() const;
 
   const CudaBackendOptions options_;
@@ -213,7 +216,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   }
   auto cache = cuda::NewMatmulAlgoCache();
   for (int i = 0; i < o.streams; ++i) {
-    auto w = StreamWorker::Create(o.staging_bytes, cache);
+    auto w = StreamWorker::Create(o.staging_bytes, cache, b->pool_->pool);
     if (!w.ok()) return w.status();
     b->workers_.push_back(std::move(*w));
   }
@@ -253,6 +256,12 @@ absl::Status CudaBackend::Fail(cudaError_t e, const char* what, StreamWorker* w)
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.exchange(true)) broken_reason_ = std::string(s.message());
   }
+  return s;
+}
+
+absl::Status CudaBackend::FailAndDrain(cudaError_t e, const char* what, StreamWorker& w) {
+  absl::Status s = Fail(e, what, &w);
+  if (!broken_.load() && cudaStreamSynchronize(w.stream()) != cudaSuccess) cudaGetLastError();
   return s;
 }
 
@@ -350,10 +359,12 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaBackend::Allocate(size_t bytes) {
   void* p = nullptr;
   if (absl::Status s = PoolAlloc(std::max<size_t>(bytes, 1), pool_->stream, &p); !s.ok()) return s;
   // Usable from every worker's stream once the allocation has happened.
+  // The buffer owns the block from here, so an error below gives it back.
+  std::unique_ptr<Buffer> buffer(new DeviceBuffer(p, bytes, pool_));
   if (cudaError_t e = cudaStreamSynchronize(pool_->stream); e != cudaSuccess) {
     return Fail(e, "cudaStreamSynchronize", nullptr);
   }
-  return std::unique_ptr<Buffer>(new DeviceBuffer(p, bytes, pool_));
+  return buffer;
 }
 
 BackendStats CudaBackend::stats() const {
@@ -417,10 +428,13 @@ absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* c
         break;
       }
       absl::Status s = w.cublaslt().Run(args, w.stream());
-      if (!s.ok() && !absl::IsUnimplemented(s) && !absl::IsInvalidArgument(s)) {
-        // A failed launch may have left a CUDA error behind: classify it.
+      if (!s.ok()) {
+        // A failed launch may have left a CUDA error behind: cleared here (the next launch on
+        // this thread would report it), and classified unless the status already says why.
         const cudaError_t pending = cudaGetLastError();
-        if (pending != cudaSuccess) return Fail(pending, "cuBLASLt matmul", &w);
+        if (pending != cudaSuccess && !absl::IsUnimplemented(s) && !absl::IsInvalidArgument(s)) {
+          return Fail(pending, "cuBLASLt matmul", &w);
+        }
       }
       return s;
     }
@@ -443,6 +457,13 @@ absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
     case Op::kSoftmax:
     case Op::kRowSum:
       if (c.rows < 0 || c.cols < 0) return absl::InvalidArgumentError("negative shape");
+      if (c.op != Op::kGelu && !cuda::RowLengthSupported(c.dtype, c.cols)) {
+        const int64_t w = 16 / static_cast<int64_t>(ElementSize(c.dtype));
+        return absl::InvalidArgumentError(absl::StrCat(
+            OpName(c.op), " on the GPU: rows of ", c.cols, " elements are too long (at most ",
+            cuda::kMaxRowAccesses, ", or ", cuda::kMaxRowAccesses * w, " in a multiple of ", w,
+            ")"));
+      }
       s.in[0] = static_cast<size_t>(c.rows) * c.cols * es;
       s.out = c.op == Op::kRowSum ? static_cast<size_t>(c.rows) * sizeof(float) : s.in[0];
       if (c.op == Op::kSoftmax) s.workspace = cuda::SoftmaxWorkspaceBytes(c.dtype, c.rows, c.cols);
@@ -576,7 +597,7 @@ absl::Status CudaBackend::RunWrite(StreamWorker& w, void* dst, const void* src, 
   if (e == cudaSuccess) e = w.CopyIn(&span, 1);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), w.stream());
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
-  if (e != cudaSuccess) return Fail(e, "copy to a resident tensor", &w);
+  if (e != cudaSuccess) return FailAndDrain(e, "copy to a resident tensor", w);
   t->copy_in_us = 1e3 * Elapsed(w.ev_start(), w.ev_in());
   return absl::OkStatus();
 }
@@ -587,7 +608,7 @@ absl::Status CudaBackend::RunRead(StreamWorker& w, void* dst, const void* src, s
   cudaError_t e = cudaEventRecord(w.ev_kernel(), w.stream());
   if (e == cudaSuccess) e = w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
-  if (e != cudaSuccess) return Fail(e, "copy from a resident tensor", &w);
+  if (e != cudaSuccess) return FailAndDrain(e, "copy from a resident tensor", w);
   t->copy_out_us = 1e3 * Elapsed(w.ev_kernel(), w.ev_out()) + tail_ns / 1e3;
   return absl::OkStatus();
 }

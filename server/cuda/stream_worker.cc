@@ -19,7 +19,7 @@ constexpr uint64_t kGateTimeoutNs = 1000000;  // 1 ms
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
-    size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache) {
+    size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache, cudaMemPool_t pool) {
   std::unique_ptr<StreamWorker> w(new StreamWorker());
   staging_bytes = std::max(staging_bytes, size_t{64} << 10);
   w->slots_ = static_cast<int>(std::clamp<size_t>(staging_bytes / kChunkBytes, 2, kMaxSlots));
@@ -60,7 +60,9 @@ absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
       return fail(e, "cudaEventCreate");
     }
   }
-  auto lt = cuda::CublasLtMatmul::Create(std::move(algo_cache));
+  auto lt = cuda::CublasLtMatmul::Create(std::move(algo_cache),
+                                         cuda::CublasLtMatmul::kDefaultWorkspaceBytes,
+                                         cuda::LtAlgoPolicy::kTwoPicks, pool);
   if (!lt.ok()) return lt.status();
   w->lt_ = std::move(*lt);
   return w;

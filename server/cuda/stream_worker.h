@@ -37,9 +37,10 @@ struct HostSpan {
 
 class StreamWorker {
  public:
-  // Creates everything on the current device.
+  // Creates everything on the current device; the cuBLASLt runner's timing scratch comes from
+  // `pool` (the backend's).
   static absl::StatusOr<std::unique_ptr<StreamWorker>> Create(
-      size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache);
+      size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache, cudaMemPool_t pool);
   ~StreamWorker();
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;

@@ -313,6 +313,30 @@ TEST_F(CudaBackendTest, WrongOutputSizeIsInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(r.status)) << r.status;
 }
 
+TEST_F(CudaBackendTest, RowsPastTheKernelsLongestAreInvalidArgument) {
+  // float16 rows of 2^30 + 1 elements: not a whole number of 16-byte accesses, so the scalar
+  // path, which takes 2^30 - 1 at most (the CPU backend computes them). Refused before any
+  // allocation or copy, so tiny host buffers do.
+  std::vector<uint8_t> tiny(64);
+  for (Op op : {Op::kSoftmax, Op::kRowSum}) {
+    OpCall c;
+    c.op = op;
+    c.dtype = DType::kFloat16;
+    c.rows = 1;
+    c.cols = (int64_t{1} << 30) + 1;
+    c.inputs[0] = tiny.data();
+    c.output = tiny.data();
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    const Result r = SubmitSync(*backend_, c);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status)) << r.status;
+    EXPECT_NE(r.status.message().find("too long"), std::string::npos) << r.status;
+  }
+  HostCall h = MakeElementwise(Op::kSoftmax, DType::kFloat16, 3, 1000, 4);
+  const Result ok = SubmitSync(*backend_, h.call);
+  ASSERT_TRUE(ok.status.ok()) << ok.status;
+  EXPECT_TRUE(h.Check(Tol(Op::kSoftmax, DType::kFloat16)).ok);
+}
+
 TEST_F(CudaBackendTest, TimingsMatchTheWork) {
   // bf16 1024^3 matmul: 2.1 GFLOP, a few microseconds at the H200's rate;
   // 2 x 2 MiB in and 2 MiB out.
