@@ -88,14 +88,24 @@ absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
 }
 
 // Shapes the output (inline in `out`, or a new resident tensor when kept) and
-// points the call at its bytes.
+// points the call at its bytes. `host_built`: a non-empty result that needs no
+// kernel (an empty row sum, K = 0), built in host memory (TrivialOutput) even when
+// kept, so it is held to the inline limit either way: a few bytes of request must
+// not make the host allocate gigabytes.
 absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t elements,
-                         bool keep, const RequestContext& ctx, v1::Tensor* out, PreparedCall* p) {
+                         bool keep, const RequestContext& ctx, v1::Tensor* out, PreparedCall* p,
+                         bool host_built = false) {
   const int64_t bytes = elements * static_cast<int64_t>(ElementSize(dtype));
   p->trivial = elements == 0;
   if (keep) {
     if (ctx.store == nullptr) {
       return absl::UnimplementedError("keep_on_server: this server holds no tensors");
+    }
+    if (host_built && bytes > ctx.limits.max_output_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the output would be ", bytes, " bytes that need no kernel (empty rows or K = 0); "
+          "this server builds such results in host memory, up to its limit of ",
+          ctx.limits.max_output_bytes, " bytes"));
     }
     auto t = ctx.store->Create(ctx.tenant, dtype, shape);
     if (!t.ok()) return t.status();
@@ -172,7 +182,9 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestCo
     }
   }
   p.call.rows = rows;
-  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p); !s.ok()) return s;
+  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p, cols == 0); !s.ok()) {
+    return s;
+  }
   if (cols == 0) {  // empty sums are zero
     std::memset(TrivialOutput(&p), 0, p.call.output_bytes);
     p.trivial = true;
@@ -290,7 +302,7 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
     return absl::ResourceExhaustedError(absl::StrCat("the output [", m, ",", n, "] is too large"));
   }
   if (auto s = ShapeOutput(a->dtype, {m, n}, elements, req.output_options().keep_on_server(), ctx,
-                           out, &p);
+                           out, &p, k == 0);
       !s.ok()) {
     return s;
   }
@@ -298,11 +310,17 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
     if (p.call.inputs[2] != nullptr && p.call.input_resident[2]) {
       return absl::UnimplementedError("K = 0 with a bias held on the server; send the bias inline");
     }
-    void* o = TrivialOutput(&p);
-    for (int64_t j = 0; j < n; ++j) {
+    auto* o = static_cast<uint8_t*>(TrivialOutput(&p));
+    for (int64_t j = 0; j < n; ++j) {  // the first row, then copies of it
       const float v = p.call.inputs[2] ? LoadAsFloat(a->dtype, p.call.inputs[2], j) : 0.0f;
       const float r = (v > 0 || v != v) ? v : 0.0f;  // relu, NaN kept
-      for (int64_t i = 0; i < m; ++i) StoreFromFloat(a->dtype, o, i * n + j, r);
+      StoreFromFloat(a->dtype, o, j, r);
+    }
+    const size_t row = static_cast<size_t>(n) * ElementSize(a->dtype);
+    for (int64_t have = 1; have < m;) {
+      const int64_t copy = std::min(have, m - have);
+      std::memcpy(o + have * row, o, copy * row);
+      have += copy;
     }
     p.trivial = true;
   }

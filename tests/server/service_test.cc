@@ -555,6 +555,53 @@ TEST_F(ServiceTest, FreeingWhileOpsReadTheTensorIsSafe) {
   EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
 }
 
+// An empty row sum or a K = 0 product needs no kernel; its result is built in host memory even
+// when kept, so a few bytes of request may not ask for more than an inline result may hold.
+TEST_F(ServiceTest, KeptResultsThatNeedNoKernelAreHeldToTheInlineLimit) {
+  ServerOptions o;
+  o.max_message_bytes = 1 << 20;  // inline results up to 1 MiB - 4 KiB
+  StartServer(o);
+  auto empty = [](std::vector<int64_t> shape) {
+    v1::Tensor t;
+    t.set_dtype(v1::FLOAT32);
+    for (int64_t d : shape) t.add_shape(d);
+    return t;
+  };
+  v1::RowSumRequest rs;
+  *rs.mutable_input()->mutable_tensor() = empty({int64_t{1} << 40, 0});  // 4 TiB of zeros
+  rs.mutable_output_options()->set_keep_on_server(true);
+  v1::RowSumResponse rsr;
+  grpc::Status s = stub_->RowSum(Ctx().get(), rs, &rsr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("need no kernel"), std::string::npos) << s.error_message();
+  v1::MatmulReluRequest mm;
+  *mm.mutable_a()->mutable_tensor() = empty({1 << 20, 0});
+  *mm.mutable_b()->mutable_tensor() = empty({0, 1 << 10});  // 4 GiB of zeros
+  mm.mutable_output_options()->set_keep_on_server(true);
+  v1::MatmulReluResponse mmr;
+  s = stub_->MatmulRelu(Ctx().get(), mm, &mmr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(List().tensors_size(), 0);
+
+  // Within the limit: kept, and downloads as relu(bias) in every row.
+  *mm.mutable_a()->mutable_tensor() = empty({1000, 0});
+  *mm.mutable_b()->mutable_tensor() = empty({0, 3});
+  const float bias[3] = {-1.0f, 2.0f, 0.5f};
+  *mm.mutable_bias()->mutable_tensor() = empty({3});
+  mm.mutable_bias()->mutable_tensor()->set_data(bias, sizeof bias);
+  ASSERT_TRUE(stub_->MatmulRelu(Ctx().get(), mm, &mmr).ok());
+  std::string kept;
+  ASSERT_TRUE(Download(mmr.output().handle(), &kept).ok());
+  ASSERT_EQ(kept.size(), 1000u * 3 * 4);
+  std::vector<float> got(3000);
+  std::memcpy(got.data(), kept.data(), kept.size());
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_EQ(got[3 * i], 0.0f) << i;
+    ASSERT_EQ(got[3 * i + 1], 2.0f) << i;
+    ASSERT_EQ(got[3 * i + 2], 0.5f) << i;
+  }
+}
+
 TEST_F(ServiceTest, BadRequestsGetClearErrorsAndTheServerKeepsServing) {
   StartServer({});
   v1::GeluRequest bad;
