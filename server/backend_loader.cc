@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choi
     return absl::InvalidArgumentError(
         absl::StrCat("--streams must be 1..", kMaxCudaStreams, ", not ", choice.cuda.streams));
   }
+  if (choice.cuda.device < 0) {  // no host has it (one past the last is the module's to say)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cuda_device must be >= 0, not ", choice.cuda.device));
+  }
   if (choice.kind == "cuda") return LoadCuda(choice);
   if (choice.kind != "auto") {
     return absl::InvalidArgumentError(

@@ -56,6 +56,10 @@ class CpuBackend final : public Backend {
 
   void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
                    OpDone done) override {
+    if (!InBounds(dst, offset, bytes)) {
+      done(absl::InvalidArgumentError("write past the end of the tensor"), OpTiming{});
+      return;
+    }
     Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
       const int64_t start = SteadyNowNs();
       std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
@@ -66,6 +70,10 @@ class CpuBackend final : public Backend {
 
   void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
                   OpDone done) override {
+    if (!InBounds(src, offset, bytes)) {
+      done(absl::InvalidArgumentError("read past the end of the tensor"), OpTiming{});
+      return;
+    }
     Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
       const int64_t start = SteadyNowNs();
       std::memcpy(dst, static_cast<const uint8_t*>(src->data()) + offset,
@@ -86,6 +94,10 @@ class CpuBackend final : public Backend {
   void Shutdown() override { queue_.Shutdown(); }
 
  private:
+  static bool InBounds(const Buffer* b, size_t offset, size_t bytes) {
+    return offset <= b->size() && bytes <= b->size() - offset;
+  }
+
   class HostBuffer final : public Buffer {
    public:
     HostBuffer(std::unique_ptr<uint8_t[]> mem, size_t size) : mem_(std::move(mem)), size_(size) {}

@@ -445,6 +445,7 @@ def test_sigterm_makes_server_exit_zero():
     ("--queue_capacity=-1", "--queue_capacity must be >= 1"),
     ("--workers=0", "--workers must be >= 1"),
     ("--streams=65", "--streams must be in 1..64"),
+    ("--cuda_device=-1", "--cuda_device must be >= 0"),
     ("--staging_mib=-1", "--staging_mib must be in 0..1048576"),
     ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),

@@ -1,6 +1,7 @@
 // CreateBackend's choice: --backend=auto falls back to the CPU when no GPU is usable, but
-// not when the GPU options are out of range (INVALID_ARGUMENT). The GPU side of it (a
-// device ordinal past the last) is tests/gpu/cuda_backend_test.cc's.
+// not when the GPU options are out of range (INVALID_ARGUMENT: --streams, a negative
+// --cuda_device). The GPU side of it (a device ordinal past the last) is
+// tests/gpu/cuda_backend_test.cc's.
 #include "server/backend_loader.h"
 
 #include <gtest/gtest.h>
@@ -36,6 +37,18 @@ TEST(BackendLoader, StreamsOutOfRangeAreInvalidArgumentNotACpuFallBack) {
       EXPECT_NE(b.status().message().find("--streams must be 1..64"), absl::string_view::npos)
           << b.status();
     }
+  }
+}
+
+TEST(BackendLoader, NegativeCudaDeviceIsInvalidArgumentNotACpuFallBack) {
+  for (const char* kind : {"auto", "cuda"}) {
+    BackendChoice c;
+    c.kind = kind;
+    c.cuda.device = -1;
+    auto b = CreateBackend(c);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << kind;
+    EXPECT_NE(b.status().message().find("--cuda_device must be >= 0"), absl::string_view::npos)
+        << b.status();
   }
 }
 
