@@ -1,5 +1,6 @@
 // fusebox C++ client (see fusebox_client.h): hand-encoded zero-copy requests over
-// a generic stub, protobuf-parsed responses, one completion queue per thread.
+// a generic stub, responses parsed by hand from the received slices (only Timing
+// through protobuf), one completion queue per thread.
 #include "client/cpp/fusebox_client.h"
 
 #include <algorithm>
