@@ -1,6 +1,7 @@
 // TensorStore: see tensor_store.h.
 #include "server/tensor_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -42,8 +43,15 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
   int64_t bytes = static_cast<int64_t>(ElementSize(dtype));
   for (int64_t d : shape) {
     if (d < 0) return absl::InvalidArgumentError(absl::StrCat("shape has a negative dimension ", d));
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      return absl::InvalidArgumentError("shape has more elements than fit in 64 bits");
+  }
+  // A zero anywhere makes the tensor empty, whatever the other axes multiply to (as CheckedBytes).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
+    bytes = 0;
+  } else {
+    for (int64_t d : shape) {
+      if (__builtin_mul_overflow(bytes, d, &bytes)) {
+        return absl::InvalidArgumentError("shape has more elements than fit in 64 bits");
+      }
     }
   }
   if (bytes > limits_.max_tensor_bytes) {
@@ -98,7 +106,14 @@ void TensorStore::Commit(const std::shared_ptr<StoredTensor>& tensor) {
 }
 
 absl::Status TensorStore::NotFound(const std::string& handle) const {
-  return absl::NotFoundError(absl::StrCat("no tensor with handle '", handle,
+  // Echoed at most in part: a long one would not fit gRPC's metadata limit, and the
+  // client would get RESOURCE_EXHAUSTED instead of this.
+  constexpr size_t kEcho = 64;
+  const std::string echo = handle.size() <= kEcho
+                               ? handle
+                               : absl::StrCat(handle.substr(0, kEcho), "... (", handle.size(),
+                                              " bytes)");
+  return absl::NotFoundError(absl::StrCat("no tensor with handle '", echo,
                                           "' (never uploaded, freed, or expired)"));
 }
 

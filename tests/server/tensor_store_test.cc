@@ -74,6 +74,28 @@ TEST_F(TensorStoreTest, OtherTenantsHandleIsNotFoundLikeAMissingOne) {
   EXPECT_TRUE(s.Get("alice", h).ok());
 }
 
+TEST_F(TensorStoreTest, ZeroAnywhereInTheShapeMakesItEmpty) {
+  TensorStore s(backend_.get(), Limits(1000, 1000));
+  const int64_t big = int64_t{1} << 62;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{big, big, 0},
+                                            std::vector<int64_t>{0, big, big},
+                                            std::vector<int64_t>{big, 0, big}}) {
+    auto t = s.Create("x", DType::kFloat32, shape);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ((*t)->bytes, 0);
+  }
+}
+
+TEST_F(TensorStoreTest, NotFoundEchoesALongHandleOnlyInPart) {
+  TensorStore s(backend_.get(), Limits(1000, 1000));
+  const std::string handle(20000, 'h');
+  auto got = s.Get("x", handle);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(got.status().message().size(), 200u) << got.status();
+  EXPECT_NE(std::string(got.status().message()).find("(20000 bytes)"), std::string::npos);
+  EXPECT_EQ(s.Free("x", handle).status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(TensorStoreTest, FreedHandleIsNotFound) {
   TensorStore s(backend_.get(), Limits(1000, 1000));
   const std::string h = Put(s, "x", 10);
