@@ -61,9 +61,11 @@ absl::StatusOr<std::string> Authenticator::TenantOf(const grpc::ServerContextBas
     return absl::UnauthenticatedError("missing `authorization: Bearer <token>` metadata");
   }
   absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::ConsumePrefix(&value, "Bearer ")) {
+  // The scheme's case does not matter (RFC 7235), the token's does.
+  if (!absl::StartsWithIgnoreCase(value, "Bearer ")) {
     return absl::UnauthenticatedError("authorization metadata must be `Bearer <token>`");
   }
+  value.remove_prefix(7);
   // Every token is compared, each in full: no early exit, no ordered search.
   const std::string* tenant = nullptr;
   for (const auto& [token, name] : tenant_by_token_) {

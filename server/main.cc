@@ -53,10 +53,14 @@ ABSL_FLAG(std::string, token_file, "",
           "Empty = open server, every caller is tenant 'anonymous'");
 ABSL_FLAG(int64_t, store_budget_mib, 0,
           "memory for tensors held by handle, all tenants; 0 = 90% of free GPU memory "
-          "(CPU backend: half the RAM)");
+          "(CPU backend: half the RAM, or of the container's memory limit if less)");
 ABSL_FLAG(int64_t, tenant_quota_mib, 0, "memory for held tensors per tenant; 0 = the budget");
 ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
           "largest tensor Upload accepts, MiB");
+ABSL_FLAG(int64_t, inflight_mib, 0,
+          "host memory for the inline tensors of calls accepted and not yet answered (queued "
+          "or running); a call past it is RESOURCE_EXHAUSTED (a call alone always fits); "
+          "0 = a quarter of the RAM, or of the container's memory limit if less");
 ABSL_FLAG(int64_t, malloc_retain_mib, 1024,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
           "OS, and serve large blocks from the heap: large requests then skip page faults "
@@ -98,6 +102,7 @@ int main(int argc, char** argv) {
   const int64_t quota_mib = absl::GetFlag(FLAGS_tenant_quota_mib);
   const int64_t max_tensor_mib = absl::GetFlag(FLAGS_max_tensor_mib);
   const int64_t retain_mib = absl::GetFlag(FLAGS_malloc_retain_mib);
+  const int64_t inflight_mib = absl::GetFlag(FLAGS_inflight_mib);
   constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
   auto bytes = [](int64_t mib) { return mib >= 0 && mib <= kMaxMib ? mib << 20 : int64_t{-1}; };
   o.backend.cuda.staging_bytes = static_cast<size_t>(std::max<int64_t>(bytes(staging_mib), 0));
@@ -111,8 +116,8 @@ int main(int argc, char** argv) {
   o.store_budget_bytes = bytes(budget_mib);
   o.tenant_quota_bytes = bytes(quota_mib);
   o.max_tensor_bytes = bytes(max_tensor_mib);
+  o.inflight_bytes = bytes(inflight_mib);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
-
 
   std::string bad;
   if (impl == "cublaslt") {
@@ -141,8 +146,9 @@ int main(int argc, char** argv) {
     bad = absl::StrCat(
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
-  if (!std::isfinite(o.idle_expiry_seconds) || o.idle_expiry_seconds < 0) {
-    bad = "--idle_expiry_s must be a finite number >= 0";
+  if (o.inflight_bytes < 0) bad = absl::StrCat("--inflight_mib must be in 0..", kMaxMib);
+  if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
+    bad = "--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)";
   }
   if (bytes(retain_mib) < 0) bad = absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib);
   if (!bad.empty()) {

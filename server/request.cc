@@ -97,6 +97,18 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
                          bool host_built = false) {
   const int64_t bytes = elements * static_cast<int64_t>(ElementSize(dtype));
   p->trivial = elements == 0;
+  if (ctx.inflight != nullptr) {
+    // The request's inline inputs, and the output where the host holds it.
+    const bool host_output = !keep || host_built;
+    const int64_t held = p->bytes_in + (host_output ? bytes : 0);
+    p->inflight = ctx.inflight->TryReserve(held);
+    if (p->inflight == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", ctx.inflight->used(), " bytes of tensors for calls in flight, ",
+          "and this one needs ", held, " more (limit ", ctx.inflight->limit(),
+          ", --inflight_mib); retry later"));
+    }
+  }
   if (keep) {
     if (ctx.store == nullptr) {
       return absl::UnimplementedError("keep_on_server: this server holds no tensors");
@@ -194,6 +206,24 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestCo
 
 }  // namespace
 
+struct InflightBytes::Counter {
+  std::atomic<int64_t> used{0};
+};
+
+InflightBytes::InflightBytes(int64_t limit)
+    : limit_(limit), counter_(std::make_shared<Counter>()) {}
+
+std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes) {
+  int64_t now = counter_->used.load();
+  do {
+    // A call alone is always let in (its size has passed the message limits already).
+    if (now > 0 && bytes > limit_ - now) return nullptr;
+  } while (!counter_->used.compare_exchange_weak(now, now + bytes));
+  return std::shared_ptr<void>(counter_.get(), [c = counter_, bytes](void*) { c->used -= bytes; });
+}
+
+int64_t InflightBytes::used() const { return counter_->used.load(); }
+
 absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what) {
   if (dtype == v1::DTYPE_UNSPECIFIED) {
     return Invalid(absl::StrCat(what, ".dtype is unspecified: use FLOAT32, FLOAT16 or BFLOAT16"));
@@ -208,6 +238,9 @@ absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what) {
 absl::StatusOr<int64_t> CheckedBytes(DType dtype,
                                      const google::protobuf::RepeatedField<int64_t>& shape,
                                      const char* what) {
+  if (shape.size() > kMaxRank) {  // before any message echoes the shape
+    return Invalid(absl::StrCat(what, ".shape has ", shape.size(), " axes; at most ", kMaxRank));
+  }
   for (int i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
       return Invalid(absl::StrCat(what, ".shape[", i, "] = ", shape[i], " is negative (shape ",

@@ -5,6 +5,7 @@
 // (no extra copy of the result on its way out).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -19,12 +20,33 @@ namespace fusebox {
 
 struct RequestLimits {
   int64_t max_output_bytes = int64_t{1} << 30;  // larger inline outputs: RESOURCE_EXHAUSTED
+  int64_t max_inflight_bytes = 0;               // InflightBytes' limit; 0 = none
+};
+
+// Host memory held by the inline tensors of calls accepted and not yet answered (their
+// requests, and their replies built in place, while queued or running). A call that would
+// pass the limit is RESOURCE_EXHAUSTED before its output is allocated, so queued calls
+// cannot take more memory than the host has. Thread-safe.
+class InflightBytes {
+ public:
+  explicit InflightBytes(int64_t limit);
+  // Reserves `bytes`; the reservation lasts as long as the returned token (null: over the
+  // limit, nothing reserved).
+  std::shared_ptr<void> TryReserve(int64_t bytes);
+  int64_t limit() const { return limit_; }
+  int64_t used() const;
+
+ private:
+  struct Counter;
+  const int64_t limit_;
+  const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
 };
 
 // Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.
 struct RequestContext {
   RequestLimits limits;
   TensorStore* store = nullptr;
+  InflightBytes* inflight = nullptr;  // null: no limit
   std::string tenant = "anonymous";
 };
 
@@ -40,6 +62,7 @@ struct PreparedCall {
   int64_t bytes_out = 0;  // inline output bytes
   std::vector<std::shared_ptr<StoredTensor>> held;  // resident inputs, kept alive
   std::shared_ptr<StoredTensor> kept_output;        // commit on success
+  std::shared_ptr<void> inflight;                   // the InflightBytes reservation
 };
 
 // `out` receives the inline output tensor (shaped, sized), unless the request
@@ -53,7 +76,11 @@ absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
                                                const RequestContext& ctx, v1::Tensor* out);
 
-// The shape and byte size of a dtype/shape pair, checked (negative dims,
+// The most axes a tensor may have (as NumPy): more is INVALID_ARGUMENT. Shapes are
+// held uncharged and echoed in messages and replies, so their size is bounded.
+constexpr int kMaxRank = 64;
+
+// The shape and byte size of a dtype/shape pair, checked (rank, negative dims,
 // overflow) as for an inline tensor; `what` names it in messages.
 absl::StatusOr<int64_t> CheckedBytes(DType dtype, const google::protobuf::RepeatedField<int64_t>& shape,
                                      const char* what);

@@ -14,6 +14,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -52,6 +53,14 @@ void CatchShutdownSignals() {
 
 namespace {
 
+// The number a cgroup file holds, or -1 (missing, "max", not a number).
+int64_t ReadLimit(const std::string& path) {
+  std::ifstream f(path);
+  long long v = -1;
+  if (!(f >> v) || v <= 0) return -1;
+  return static_cast<int64_t>(v);
+}
+
 StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
@@ -60,7 +69,7 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
     if (s.device_memory_total > 0) {
       l.budget_bytes = (s.device_memory_total - s.device_memory_used) / 10 * 9;
     } else {
-      l.budget_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / 2;
+      l.budget_bytes = HostMemoryBytes() / 2;
     }
   }
   l.tenant_quota_bytes = o.tenant_quota_bytes == 0 ? l.budget_bytes : o.tenant_quota_bytes;
@@ -70,6 +79,15 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
 }
 
 }  // namespace
+
+int64_t HostMemoryBytes(const std::string& cgroup_root) {
+  int64_t bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  for (const char* file : {"/memory.max", "/memory/memory.limit_in_bytes"}) {
+    const int64_t limit = ReadLimit(cgroup_root + file);  // v1's "none" is a huge number
+    if (limit > 0) bytes = std::min(bytes, limit);
+  }
+  return bytes;
+}
 
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
@@ -95,9 +113,20 @@ const Backend& FuseboxServer::backend() const { return *s_->backend; }
 TensorStore& FuseboxServer::store() { return *s_->store; }
 
 absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const ServerOptions& o) {
-  if (o.max_message_bytes <= 0 || o.max_message_bytes > INT_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--max_message_bytes must be in 1..", INT_MAX, " (gRPC's limit)"));
+  // At least 64 KiB: inline results get the limit less 4 KiB, downloads a chunk of it.
+  if (o.max_message_bytes < kMinMessageBytes || o.max_message_bytes > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_bytes must be in ", kMinMessageBytes, "..", INT_MAX, " (gRPC's limit)"));
+  }
+  // gRPC takes a port past 65535 modulo 2^16: a typo would listen somewhere else.
+  if (const size_t colon = o.address.rfind(':');
+      o.address.rfind("unix:", 0) != 0 && colon != std::string::npos) {
+    const std::string port = o.address.substr(colon + 1);
+    if (port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--address=", o.address, ": the port must be a number in 0..65535"));
+    }
   }
   if (o.cpu_threads > 0) cpu::SetCpuThreads(o.cpu_threads);
   auto s = std::make_unique<State>();
@@ -135,6 +164,10 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
 
   RequestLimits request_limits;
   request_limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
+  request_limits.max_inflight_bytes =
+      o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
+  Log("calls in flight: up to %lld MiB of inline tensors",
+      static_cast<long long>(request_limits.max_inflight_bytes >> 20));
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);
 

@@ -17,8 +17,10 @@
 
 namespace fusebox {
 
+constexpr int64_t kMinMessageBytes = int64_t{64} << 10;  // --max_message_bytes' least
+
 struct ServerOptions {
-  std::string address = "0.0.0.0:50051";  // host:port; port 0 picks a free one
+  std::string address = "0.0.0.0:50051";  // host:port (0..65535; 0 picks a free one) or unix:path
   BackendChoice backend;                  // --backend and its pool sizes
   int cpu_threads = 0;                    // CPU kernels' threads; 0 = all cores
   int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
@@ -27,11 +29,13 @@ struct ServerOptions {
   std::string metrics_address;            // host:port for /metrics; empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
   // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
-  // half the host's RAM on the CPU backend); a quota of 0 = the budget.
+  // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.
   int64_t store_budget_bytes = 0;
   int64_t tenant_quota_bytes = 0;
   int64_t max_tensor_bytes = int64_t{8} << 30;
   double idle_expiry_seconds = 3600;  // 0 = never
+  // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
+  int64_t inflight_bytes = 0;
 };
 
 class FuseboxServer {
@@ -52,6 +56,11 @@ class FuseboxServer {
   explicit FuseboxServer(std::unique_ptr<State> state);
   std::unique_ptr<State> s_;
 };
+
+// The host memory this process may use: the RAM, or less where its cgroup (a
+// container's memory limit; v2 memory.max or v1 memory/memory.limit_in_bytes
+// under `cgroup_root`) says so.
+int64_t HostMemoryBytes(const std::string& cgroup_root = "/sys/fs/cgroup");
 
 // Serves until SIGTERM or SIGINT (CatchShutdownSignals must have run), then
 // drains and returns.

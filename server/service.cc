@@ -68,6 +68,8 @@ class OpReactor final : public grpc::ServerUnaryReactor {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
+  // Held until the reply has gone (the reply's tensor bytes live until then).
+  void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
   void OnDone() override {
     if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
@@ -77,6 +79,7 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   TensorStore* const store_;
   grpc::CallbackServerContext* const ctx_;
   std::string tenant_, handle_;
+  std::shared_ptr<void> inflight_;
 };
 
 // 64 KiB under 4 MiB: a message with its header still fits gRPC's default 4 MiB receive limit,
@@ -88,7 +91,14 @@ constexpr int64_t kMaxChunkBytes = 64 << 20;
 
 KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
                                      const Authenticator* auth, RequestLimits limits)
-    : backend_(backend), metrics_(metrics), store_(store), auth_(auth), limits_(limits) {}
+    : backend_(backend),
+      metrics_(metrics),
+      store_(store),
+      auth_(auth),
+      limits_(limits),
+      inflight_(limits.max_inflight_bytes > 0
+                    ? std::make_unique<InflightBytes>(limits.max_inflight_bytes)
+                    : nullptr) {}
 
 absl::StatusOr<RequestContext> KernelServiceImpl::Context(
     const grpc::CallbackServerContext& ctx) const {
@@ -97,6 +107,7 @@ absl::StatusOr<RequestContext> KernelServiceImpl::Context(
   RequestContext c;
   c.limits = limits_;
   c.store = store_;
+  c.inflight = inflight_.get();
   c.tenant = *std::move(tenant);
   return c;
 }
@@ -159,7 +170,14 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   if (auto c = Context(*ctx); !c.ok()) {
     prepared = c.status();
   } else {
-    prepared = Prepare(req, *c, output->mutable_tensor());
+    try {
+      prepared = Prepare(req, *c, output->mutable_tensor());
+    } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now
+      output->Clear();
+      prepared = absl::ResourceExhaustedError(
+          "the server is out of host memory for this call's output; retry later or keep the "
+          "output on the server");
+    }
   }
   if (!prepared.ok()) {
     PreparedCall none;
@@ -167,6 +185,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
     return reactor;
   }
   auto p = std::make_shared<PreparedCall>(*std::move(prepared));
+  reactor->Hold(std::move(p->inflight));
   record.dtype = p->call.dtype;
   record.bytes_in = p->bytes_in;
   record.bytes_out = p->bytes_out;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/auth.h"
@@ -68,6 +69,7 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   TensorStore* const store_;
   const Authenticator* const auth_;
   const RequestLimits limits_;
+  const std::unique_ptr<InflightBytes> inflight_;  // null: no limit
 };
 
 }  // namespace fusebox

@@ -31,10 +31,10 @@ TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 class Server:
     """A fusebox-server child process; always killed by stop()/kill()."""
 
-    def __init__(self, *flags):
+    def __init__(self, *flags, preexec_fn=None):
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -449,12 +449,16 @@ def test_sigterm_makes_server_exit_zero():
     ("--staging_mib=-1", "--staging_mib must be in 0..1048576"),
     ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
+    ("--inflight_mib=-1", "--inflight_mib must be in 0..8796093022207"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
     ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
     ("--drain_seconds=nan", "--drain_seconds and --shutdown_notice_s must be in 0..86400"),
     ("--shutdown_notice_s=inf", "--drain_seconds and --shutdown_notice_s must be in 0..86400"),
-    ("--idle_expiry_s=nan", "--idle_expiry_s must be a finite number >= 0"),
-    ("--max_message_bytes=0", "--max_message_bytes must be in 1..2147483647"),
+    ("--idle_expiry_s=nan", "--idle_expiry_s must be in 0..315360000"),
+    ("--idle_expiry_s=1e12", "--idle_expiry_s must be in 0..315360000"),
+    ("--max_message_bytes=0", "--max_message_bytes must be in 65536..2147483647"),
+    ("--max_message_bytes=200", "--max_message_bytes must be in 65536..2147483647"),
+    ("--address=127.0.0.1:99999", "the port must be a number in 0..65535"),
     ("--backend=bogus", "--backend=bogus is unknown"),
 ])
 def test_server_refuses_out_of_range_flags_before_starting(flag, says):
@@ -490,6 +494,35 @@ def test_a_second_signal_during_the_notice_is_absorbed():
         s.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         assert s.stop(30) == 0  # a second SIGTERM
+    finally:
+        s.kill()
+
+
+def test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_goes_on():
+    import resource
+    from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
+    probe = Server()
+    try:
+        status = Path(f"/proc/{probe.proc.pid}/status").read_text()
+        vm = int(re.search(r"VmSize:\s+(\d+) kB", status).group(1)) << 10
+    finally:
+        probe.stop()
+    limit = vm + (512 << 20)  # the server's address space at rest, and 512 MiB more
+    s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    try:
+        # A row sum of [2^28 - 2048, 0]: no input bytes, ~1 GiB of zeros out, inline.
+        req = pb.RowSumRequest(input=pb.TensorRef(
+            tensor=pb.Tensor(dtype=pb.FLOAT32, shape=[(1 << 28) - 2048, 0])))
+        with grpc.insecure_channel(s.address) as ch:
+            stub = pb_grpc.KernelServiceStub(ch)
+            for _ in range(2):
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.RowSum(req, timeout=60)
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
+                assert "out of host memory" in e.value.details()
+        with Client(s.address) as c:
+            expect_still_serving(c)
+        assert s.stop(30) == 0
     finally:
         s.kill()
 

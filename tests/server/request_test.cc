@@ -249,6 +249,25 @@ TEST(Request, RowSumWhoseOutputOverflowsIsInvalidAndAnEmptyOneIsNot) {
   }
 }
 
+// Shapes are held uncharged and echoed in messages: their rank is bounded (as NumPy's).
+TEST(Request, RankOverTheLimitIsInvalidWhereverTheTensorComesFrom) {
+  v1::GeluRequest r;
+  auto* t = r.mutable_input()->mutable_tensor();
+  t->set_dtype(v1::FLOAT32);
+  for (int i = 0; i < kMaxRank; ++i) t->add_shape(1);
+  t->set_data(std::string(4, '\0'));
+  v1::Tensor out;
+  EXPECT_TRUE(PrepareGelu(r, kLimits, &out).ok());
+  t->add_shape(1);
+  ExpectError(PrepareGelu(r, kLimits, &out).status(), absl::StatusCode::kInvalidArgument,
+              "input.shape has 65 axes; at most 64");
+  google::protobuf::RepeatedField<int64_t> shape;
+  for (int i = 0; i < 1000000; ++i) shape.Add(1);
+  const auto s = CheckedBytes(DType::kFloat32, shape, "upload");
+  ExpectError(s.status(), absl::StatusCode::kInvalidArgument, "upload.shape has 1000000 axes");
+  EXPECT_LT(s.status().message().size(), 100u);
+}
+
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {
   const int64_t big = int64_t{1} << 31;
   for (auto [m, n] : {std::pair<int64_t, int64_t>{big, 1}, std::pair<int64_t, int64_t>{1, big}}) {

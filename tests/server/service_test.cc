@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -138,6 +139,27 @@ std::vector<uint8_t> RandomFloats(int64_t n) {
   return ref::RandomTensor(DType::kFloat32, n, -3, 3, std::random_device{}());
 }
 
+// The CPU backend's default budget is half of this: inside a container, of its memory limit.
+TEST(HostMemory, ACgroupLimitBelowTheRamIsTheHostMemory) {
+  const std::string root = ::testing::TempDir() + "fusebox_cgroup_" + std::to_string(getpid());
+  const int64_t ram = HostMemoryBytes(root);  // no such directory: the RAM
+  EXPECT_GT(ram, 0);
+  mkdir(root.c_str(), 0700);
+  std::ofstream(root + "/memory.max") << "max\n";  // v2, no limit
+  EXPECT_EQ(HostMemoryBytes(root), ram);
+  std::ofstream(root + "/memory.max") << "1073741824\n";  // v2, 1 GiB
+  EXPECT_EQ(HostMemoryBytes(root), std::min<int64_t>(ram, int64_t{1} << 30));
+  std::remove((root + "/memory.max").c_str());
+  mkdir((root + "/memory").c_str(), 0700);
+  std::ofstream(root + "/memory/memory.limit_in_bytes") << "9223372036854771712\n";  // v1, none
+  EXPECT_EQ(HostMemoryBytes(root), ram);
+  std::ofstream(root + "/memory/memory.limit_in_bytes") << "536870912\n";  // v1, 512 MiB
+  EXPECT_EQ(HostMemoryBytes(root), std::min<int64_t>(ram, int64_t{512} << 20));
+  std::remove((root + "/memory/memory.limit_in_bytes").c_str());
+  rmdir((root + "/memory").c_str());
+  rmdir(root.c_str());
+}
+
 TEST_F(ServiceTest, UploadThenDownloadReturnsTheSameBytes) {
   StartServer({});
   const auto bytes = RandomFloats(1000003);  // ~4 MB: several odd-sized chunks
@@ -169,15 +191,12 @@ TEST_F(ServiceTest, DownloadChunksFitTheServersMessageLimit) {
     ASSERT_EQ(back.size(), bytes.size());
     EXPECT_EQ(0, std::memcmp(back.data(), bytes.data(), bytes.size()));
   }
-  // A shape of rank 4201: the header alone takes more than the 4 KiB the limit leaves.
+  // A long shape (a header past the 4 KiB the limit leaves) is refused at upload: the rank
+  // is at most kMaxRank.
   std::vector<int64_t> shape(4200, 1);
   shape.push_back(1 << 18);
-  const auto small = RandomFloats(1 << 18);  // 1 MiB
-  ASSERT_TRUE(Upload(small, shape, v1::FLOAT32, &h, "", 256 << 10).ok());
-  std::string back;
-  grpc::Status s = Download(h, &back);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(0, std::memcmp(back.data(), small.data(), small.size()));
+  const grpc::Status s = Upload(RandomFloats(1 << 18), shape, v1::FLOAT32, &h, "", 256 << 10);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
 }
 
 TEST_F(ServiceTest, ConcurrentUploadsAllLand) {
@@ -392,6 +411,23 @@ TEST_F(TokenServiceTest, CallWithoutOrWithUnknownTokenIsUnauthenticated) {
   v1::GeluRequest req;
   v1::GeluResponse resp;
   EXPECT_EQ(stub_->Gelu(ctx.get(), req, &resp).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_F(TokenServiceTest, BearerSchemeIsCaseInsensitiveAndTheTokenIsNot) {
+  ServerOptions o;
+  o.token_file = path_;
+  StartServer(o);
+  for (const char* value : {"bearer secret-a", "BEARER secret-a", "Bearer secret-a"}) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", value);
+    v1::ListTensorsResponse resp;
+    EXPECT_TRUE(stub_->ListTensors(&ctx, v1::ListTensorsRequest(), &resp).ok()) << value;
+  }
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "bearer SECRET-A");
+  v1::ListTensorsResponse resp;
+  EXPECT_EQ(stub_->ListTensors(&ctx, v1::ListTensorsRequest(), &resp).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_F(TokenServiceTest, TenantCannotSeeUseDownloadOrFreeAnothersTensor) {
@@ -862,7 +898,12 @@ class GatedCpuBackend final : public Backend {
   std::string name() const override { return cpu_->name(); }
   std::string device() const override { return cpu_->device(); }
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (open_) {
+      lock.unlock();
+      cpu_->Submit(call, enqueued_ns, std::move(done));
+      return;
+    }
     held_.push_back({call, enqueued_ns, std::move(done)});
     cv_.notify_all();
   }
@@ -875,11 +916,13 @@ class GatedCpuBackend final : public Backend {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return held_.size() >= n; });
   }
-  void Release() {
+  // Runs the held calls; with `open`, every later one too, at once.
+  void Release(bool open = false) {
     std::vector<Held> run;
     {
       std::lock_guard<std::mutex> lock(mu_);
       run.swap(held_);
+      open_ = open_ || open;
     }
     for (auto& h : run) cpu_->Submit(h.call, h.enqueued_ns, std::move(h.done));
   }
@@ -894,6 +937,7 @@ class GatedCpuBackend final : public Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Held> held_;
+  bool open_ = false;
 };
 
 // A call cancelled while its op runs keeps no output, even though the op finishes.
@@ -921,6 +965,49 @@ TEST(ServiceCancelTest, OpCancelledWhileItRunsKeepsNoOutput) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_EQ(store.TenantUsedBytes("anonymous"), 0);
+  backend.Shutdown();
+}
+
+// Queued calls hold their inline tensors (request, and the reply built in place) until
+// answered: past --inflight_mib a call is refused before its output is allocated.
+TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthersEnd) {
+  GatedCpuBackend backend;
+  TensorStore store(&backend, StoreLimits{});
+  const Authenticator open;
+  RequestLimits limits;
+  limits.max_inflight_bytes = 12000;
+  KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, limits);
+  LoopbackServer loopback(&service);
+  ASSERT_TRUE(loopback.ok());
+  v1::GeluRequest inline_gelu = KeptGelu(1000);  // 4000 bytes in, and 4000 out inline
+  inline_gelu.clear_output_options();
+
+  grpc::ClientContext c1;
+  PendingGelu first(*loopback.stub, &c1, inline_gelu);
+  backend.WaitUntilHolding(1);  // 8000 of 12000 held
+  grpc::ClientContext c2;
+  PendingGelu second(*loopback.stub, &c2, inline_gelu);
+  const grpc::Status refused = second.Wait();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--inflight_mib"), std::string::npos)
+      << refused.error_message();
+  grpc::ClientContext c3;  // a kept output is the store's: only its 4000 bytes in count
+  PendingGelu kept(*loopback.stub, &c3, KeptGelu(1000));
+  backend.WaitUntilHolding(2);
+  backend.Release(/*open=*/true);
+  EXPECT_TRUE(first.Wait().ok());
+  EXPECT_TRUE(kept.Wait().ok());
+  // Once their replies have gone, there is room again.
+  grpc::Status again;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext c;
+    PendingGelu call(*loopback.stub, &c, inline_gelu);
+    again = call.Wait();
+    if (again.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
+  loopback.server->Shutdown();
   backend.Shutdown();
 }
 
