@@ -403,6 +403,7 @@ class KernelServiceImpl::DownloadReactor final
  private:
   // Copies the next chunk out and writes it (the header alone for an empty tensor).
   void Next() {
+    tensor_->last_used_ns = SteadyNowNs();  // in use: idle expiry waits for the reader
     const int64_t n = std::min(chunk_, tensor_->bytes - sent_);
     msg_.mutable_data()->resize(static_cast<size_t>(n));
     if (n == 0) {

@@ -506,6 +506,34 @@ TEST_F(ServiceTest, IdleTensorExpiresToNotFound) {
   EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
 }
 
+TEST_F(ServiceTest, ASlowDownloadKeepsItsTensorFromExpiring) {
+  ServerOptions o;
+  o.idle_expiry_seconds = 0.3;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
+  // A channel whose flow-control window stays at 64 KiB (no BDP probing), so the server
+  // writes only as fast as this reader reads.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  auto stub = KernelService::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials(), args));
+  auto ctx = Ctx();
+  v1::DownloadRequest req;
+  req.set_handle(h);
+  req.set_chunk_bytes(16 << 10);  // 64 messages, one each 25 ms: 1.6 s, 5 expiry periods
+  auto r = stub->Download(ctx.get(), req);
+  v1::DownloadResponse m;
+  int messages = 0;
+  while (r->Read(&m)) {
+    ++messages;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    if (messages == 48) EXPECT_EQ(List().tensors_size(), 1);  // in use 1.2 s in
+  }
+  ASSERT_TRUE(r->Finish().ok());
+  EXPECT_EQ(messages, 64);
+}
+
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
   StartServer({});
   const int64_t m = 37, k = 53, n = 129;
