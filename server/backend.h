@@ -102,7 +102,10 @@ class Backend {
   // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED.
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes);
   // Host <-> buffer copies, queued and run like calls (never on the caller's
-  // thread); `done` gets copy_in_us (write) or copy_out_us (read).
+  // thread); `done` gets copy_in_us (write) or copy_out_us (read). A copy at
+  // offset 0 starts a transfer and is refused (RESOURCE_EXHAUSTED) when the
+  // queue is full; a later piece (offset > 0) continues one that was admitted
+  // and is queued regardless, so load never cuts an Upload or Download short.
   virtual void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,
                            int64_t enqueued_ns, OpDone done);
   virtual void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes,

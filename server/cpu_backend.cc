@@ -65,7 +65,7 @@ class CpuBackend final : public Backend {
       std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
       t->copy_in_us = (SteadyNowNs() - start) / 1e3;
       return absl::OkStatus();
-    });
+    }, /*continuation=*/offset > 0);
   }
 
   void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
@@ -80,7 +80,7 @@ class CpuBackend final : public Backend {
                   bytes);
       t->copy_out_us = (SteadyNowNs() - start) / 1e3;
       return absl::OkStatus();
-    });
+    }, /*continuation=*/offset > 0);
   }
 
   BackendStats stats() const override {
@@ -111,7 +111,8 @@ class CpuBackend final : public Backend {
 
   // Runs `work` on a worker; fills queue and total time around it.
   template <typename Work>
-  void Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
+  // `continuation`: a transfer's later piece, queued past a full queue (Backend::SubmitWrite).
+  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false) {
     // `done` is moved into the job only when the push succeeds.
     auto shared_done = std::make_shared<OpDone>(std::move(done));
     const bool queued = queue_.TryPush([enqueued_ns, shared_done, work](int worker) {
@@ -121,7 +122,7 @@ class CpuBackend final : public Backend {
       absl::Status s = work(&t);
       t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
       (*shared_done)(std::move(s), t);
-    });
+    }, continuation);
     if (!queued) {
       (*shared_done)(queue_.stopping()
                          ? absl::UnavailableError("the server is shutting down")

@@ -14,10 +14,10 @@ WorkQueue::WorkQueue(int workers, size_t capacity) : capacity_(capacity) {
 
 WorkQueue::~WorkQueue() { Shutdown(); }
 
-bool WorkQueue::TryPush(Job job) {
+bool WorkQueue::TryPush(Job job, bool over_capacity) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || jobs_.size() >= capacity_) return false;
+    if (stopping_ || (jobs_.size() >= capacity_ && !over_capacity)) return false;
     jobs_.push_back(std::move(job));
   }
   cv_.notify_one();

@@ -23,8 +23,10 @@ class WorkQueue {
   WorkQueue(const WorkQueue&) = delete;
   WorkQueue& operator=(const WorkQueue&) = delete;
 
-  // False when the queue holds `capacity` jobs or Shutdown has begun.
-  bool TryPush(Job job);
+  // False when the queue holds `capacity` jobs or Shutdown has begun. `over_capacity`: a job
+  // that continues work already admitted (a transfer's next piece) is taken even when the
+  // queue is full; false only once Shutdown has begun.
+  bool TryPush(Job job, bool over_capacity = false);
   // Stops accepting, runs what is queued, joins the workers. Idempotent: every
   // caller returns once that is done. Not from a worker (a job) itself.
   void Shutdown();

@@ -134,7 +134,8 @@ class CudaBackend final : public Backend {
   // Queues `work` (which fills copy/kernel times) and wraps it with queue and
   // total time, the broken-device check and the device selection.
   template <typename Work>
-  void Enqueue(int64_t enqueued_ns, OpDone done, Work work);
+  // `continuation`: a transfer's later piece, queued past a full queue (Backend::SubmitWrite).
+  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false);
 
   absl::Status RunCall(StreamWorker& w, const OpCall& call, OpTiming* t);
   absl::Status RunWrite(StreamWorker& w, void* dst, const void* src, size_t bytes, OpTiming* t);
@@ -291,7 +292,7 @@ absl::Status CudaBackend::PoolAlloc(size_t bytes, cudaStream_t stream, void** p)
 }
 
 template <typename Work>
-void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
+void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation) {
   if (broken_.load()) {
     done(Broken(), OpTiming{});
     return;
@@ -311,7 +312,7 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work) {
     }
     t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
     (*shared_done)(std::move(s), t);
-  });
+  }, continuation);
   if (!queued) {
     (*shared_done)(queue_->stopping()
                        ? absl::UnavailableError("the server is shutting down")
@@ -334,9 +335,10 @@ void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_
     return;
   }
   void* d = static_cast<uint8_t*>(dst->data()) + offset;
-  Enqueue(enqueued_ns, std::move(done), [this, d, src, bytes](StreamWorker& w, OpTiming* t) {
-    return RunWrite(w, d, src, bytes, t);
-  });
+  Enqueue(
+      enqueued_ns, std::move(done),
+      [this, d, src, bytes](StreamWorker& w, OpTiming* t) { return RunWrite(w, d, src, bytes, t); },
+      /*continuation=*/offset > 0);
 }
 
 void CudaBackend::SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes,
@@ -346,9 +348,10 @@ void CudaBackend::SubmitRead(const Buffer* src, size_t offset, void* dst, size_t
     return;
   }
   const void* s = static_cast<const uint8_t*>(src->data()) + offset;
-  Enqueue(enqueued_ns, std::move(done), [this, dst, s, bytes](StreamWorker& w, OpTiming* t) {
-    return RunRead(w, dst, s, bytes, t);
-  });
+  Enqueue(
+      enqueued_ns, std::move(done),
+      [this, dst, s, bytes](StreamWorker& w, OpTiming* t) { return RunRead(w, dst, s, bytes, t); },
+      /*continuation=*/offset > 0);
 }
 
 absl::StatusOr<std::unique_ptr<Buffer>> CudaBackend::Allocate(size_t bytes) {

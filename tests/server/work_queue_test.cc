@@ -25,6 +25,27 @@ TEST(WorkQueue, RefusesWhenFull) {
   release.set_value();
 }
 
+// A transfer's next piece continues admitted work: taken past capacity, never once stopping.
+TEST(WorkQueue, OverCapacityJobsAreTakenWhenFullButNotWhenStopping) {
+  std::atomic<int> ran{0};
+  {
+    WorkQueue q(1, 1);
+    std::promise<void> release;
+    auto gate = release.get_future().share();
+    std::atomic<int> started{0};
+    ASSERT_TRUE(q.TryPush([&, gate](int) { ++started; gate.wait(); }));
+    while (started == 0) std::this_thread::yield();
+    EXPECT_TRUE(q.TryPush([&](int) { ++ran; }));
+    EXPECT_FALSE(q.TryPush([&](int) { ++ran; }));  // full
+    EXPECT_TRUE(q.TryPush([&](int) { ++ran; }, /*over_capacity=*/true));
+    EXPECT_EQ(q.queued(), 2u);
+    release.set_value();
+    q.Shutdown();
+    EXPECT_FALSE(q.TryPush([&](int) { ++ran; }, /*over_capacity=*/true));
+  }
+  EXPECT_EQ(ran, 2);
+}
+
 TEST(WorkQueue, ShutdownRunsQueuedJobsThenRefuses) {
   std::atomic<int> ran{0};
   WorkQueue q(2, 100);

@@ -1,0 +1,49 @@
+// The CPU backend's copy queue: a transfer's first piece is refused when the queue is full,
+// its later pieces are not (an admitted Upload or Download is never cut short by load).
+#include "server/cpu_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+namespace fusebox {
+namespace {
+
+TEST(CpuBackendCopies, ALaterPieceOfATransferIsQueuedPastAFullQueue) {
+  CpuBackendOptions o;
+  o.workers = 1;
+  o.queue_capacity = 1;
+  auto b = MakeCpuBackend(o);
+  auto buf = b->Allocate(16);
+  ASSERT_TRUE(buf.ok());
+  const char src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  std::atomic<bool> started{false};
+  // The only worker runs this write and then waits in its callback.
+  b->SubmitWrite(buf->get(), 0, src, 4, SteadyNowNs(), [&, gate](absl::Status, const OpTiming&) {
+    started = true;
+    gate.wait();
+  });
+  while (!started) std::this_thread::yield();
+  auto submit = [&](size_t offset) {
+    auto p = std::make_shared<std::promise<absl::Status>>();
+    b->SubmitWrite(buf->get(), offset, src, 4, SteadyNowNs(),
+                   [p](absl::Status s, const OpTiming&) { p->set_value(std::move(s)); });
+    return p->get_future();
+  };
+  auto queued = submit(0);     // fills the queue
+  auto refused = submit(0);    // a new transfer: refused at once
+  auto continued = submit(4);  // a later piece: queued anyway
+  ASSERT_EQ(refused.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(refused.get().code(), absl::StatusCode::kResourceExhausted);
+  release.set_value();
+  EXPECT_TRUE(queued.get().ok());
+  EXPECT_TRUE(continued.get().ok());
+  b->Shutdown();
+}
+
+}  // namespace
+}  // namespace fusebox
