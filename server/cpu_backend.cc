@@ -109,9 +109,9 @@ class CpuBackend final : public Backend {
     size_t size_;
   };
 
-  // Runs `work` on a worker; fills queue and total time around it.
+  // Runs `work` on a worker; fills queue and total time around it. `continuation`: a
+  // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   template <typename Work>
-  // `continuation`: a transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false) {
     // `done` is moved into the job only when the push succeeds.
     auto shared_done = std::make_shared<OpDone>(std::move(done));

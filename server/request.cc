@@ -6,6 +6,7 @@
 #include "server/request.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -97,10 +98,23 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
                          bool host_built = false) {
   const int64_t bytes = elements * static_cast<int64_t>(ElementSize(dtype));
   p->trivial = elements == 0;
+  if (keep && ctx.store == nullptr) {
+    return absl::UnimplementedError("keep_on_server: this server holds no tensors");
+  }
+  if (keep && host_built && bytes > ctx.limits.max_output_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the output would be ", bytes, " bytes that need no kernel (empty rows or K = 0); "
+        "this server builds such results in host memory, up to its limit of ",
+        ctx.limits.max_output_bytes, " bytes"));
+  }
+  if (!keep && bytes > ctx.limits.max_output_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the output would be ", bytes, " bytes, over this server's limit of ",
+        ctx.limits.max_output_bytes, " for inline results; keep it on the server and Download it"));
+  }
   if (ctx.inflight != nullptr) {
     // The request's inline inputs, and the output where the host holds it.
-    const bool host_output = !keep || host_built;
-    const int64_t held = p->bytes_in + (host_output ? bytes : 0);
+    const int64_t held = p->bytes_in + (!keep || host_built ? bytes : 0);
     p->inflight = ctx.inflight->TryReserve(held);
     if (p->inflight == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -110,15 +124,6 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     }
   }
   if (keep) {
-    if (ctx.store == nullptr) {
-      return absl::UnimplementedError("keep_on_server: this server holds no tensors");
-    }
-    if (host_built && bytes > ctx.limits.max_output_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the output would be ", bytes, " bytes that need no kernel (empty rows or K = 0); "
-          "this server builds such results in host memory, up to its limit of ",
-          ctx.limits.max_output_bytes, " bytes"));
-    }
     auto t = ctx.store->Create(ctx.tenant, dtype, shape);
     if (!t.ok()) return t.status();
     p->kept_output = *std::move(t);
@@ -126,11 +131,6 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     p->call.output_bytes = static_cast<size_t>(bytes);
     p->call.output_resident = true;
     return absl::OkStatus();
-  }
-  if (bytes > ctx.limits.max_output_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the output would be ", bytes, " bytes, over this server's limit of ",
-        ctx.limits.max_output_bytes, " for inline results; keep it on the server and Download it"));
   }
   out->set_dtype(static_cast<v1::DType>(dtype));
   for (int64_t d : shape) out->add_shape(d);

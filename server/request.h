@@ -5,7 +5,6 @@
 // (no extra copy of the result on its way out).
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>

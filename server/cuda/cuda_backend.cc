@@ -132,9 +132,9 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaBackendOptions& o) : options_(o) {}
 
   // Queues `work` (which fills copy/kernel times) and wraps it with queue and
-  // total time, the broken-device check and the device selection.
+  // total time, the broken-device check and the device selection. `continuation`: a
+  // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   template <typename Work>
-  // `continuation`: a transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false);
 
   absl::Status RunCall(StreamWorker& w, const OpCall& call, OpTiming* t);
