@@ -69,7 +69,7 @@ TEST(WorkQueue, EveryShutdownCallerWaitsForTheDrain) {
   }));
   while (!started) std::this_thread::yield();
   std::thread first([&] { q.Shutdown(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the first caller is draining
+  while (!q.stopping()) std::this_thread::yield();  // the first caller is draining
   q.Shutdown();
   EXPECT_TRUE(finished);
   first.join();
