@@ -28,13 +28,23 @@ DTYPES = ["float32", "float16", "bfloat16"]
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
+def _die_with_parent():
+    """In the child before exec: SIGKILL when pytest dies (a ctest timeout leaves no server)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 class Server:
-    """A fusebox-server child process; always killed by stop()/kill()."""
+    """A fusebox-server child process; always killed by stop()/kill(), or with pytest."""
 
     def __init__(self, *flags, preexec_fn=None):
+        def setup():
+            _die_with_parent()
+            if preexec_fn is not None:
+                preexec_fn()
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=preexec_fn)
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=setup)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
