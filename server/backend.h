@@ -51,7 +51,19 @@ struct OpCall {
   // copy in (inputs) or out (output).
   bool input_resident[3] = {false, false, false};
   bool output_resident = false;
+  // True once no one waits for the result (the RPC was cancelled or passed its
+  // deadline); empty: never. Asked as the call leaves the queue (NotAbandoned).
+  std::function<bool()> abandoned;
 };
+
+// CANCELLED for a call whose caller has gone, so that a backend does not compute
+// what no one will read (and a drain is not held up by queued orphans); else OK.
+inline absl::Status NotAbandoned(const OpCall& call) {
+  if (call.abandoned && call.abandoned()) {
+    return absl::CancelledError("the call was cancelled or passed its deadline before it ran");
+  }
+  return absl::OkStatus();
+}
 
 // Where one call's time went, in microseconds (see fusebox.v1.Timing).
 // launch_us: between the end of the copy-in and the kernel's start (the host's

@@ -38,6 +38,7 @@ class CpuBackend final : public Backend {
 
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
     Enqueue(enqueued_ns, std::move(done), [call](OpTiming* t) {
+      if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
       const int64_t start = SteadyNowNs();
       absl::Status s = RunOnCpu(call);
       t->kernel_us = (SteadyNowNs() - start) / 1e3;

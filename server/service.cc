@@ -198,6 +198,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   auto done = [finish, record, p](absl::Status s, const OpTiming& t) {
     finish(record, s, t, p.get());
   };
+  p->call.abandoned = [ctx] { return ctx->IsCancelled(); };  // ctx outlives `done`
   if (p->trivial) {  // a kept output whose value needs no kernel: copy it in
     backend_->SubmitWrite(p->kept_output->buffer.get(), 0, p->trivial_bytes.data(),
                           p->trivial_bytes.size(), arrived, std::move(done));

@@ -325,7 +325,10 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool cont
 
 void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
   Enqueue(enqueued_ns, std::move(done),
-          [this, call](StreamWorker& w, OpTiming* t) { return RunCall(w, call, t); });
+          [this, call](StreamWorker& w, OpTiming* t) {
+            if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
+            return RunCall(w, call, t);
+          });
 }
 
 void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,

@@ -2,9 +2,10 @@
 // libfusebox_cuda_backend.so, create the backend through its one exported
 // symbol, submit OpCalls and check results against the fp64 reference, that
 // concurrent calls run on different streams and overlap, that an impossible
-// allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that a
-// broken context turns later calls UNAVAILABLE (in a child process), and that
-// timings add up. Skips when the module cannot be loaded or finds no GPU.
+// allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that rows
+// past the kernels' longest are INVALID_ARGUMENT, that an abandoned call is
+// answered CANCELLED without being computed, that a broken context turns later
+// calls UNAVAILABLE (in a child process), and that timings add up. Skips when the module cannot be loaded or finds no GPU.
 // Module path: $FUSEBOX_CUDA_MODULE, else next to this executable, else the
 // build tree's. Cost: a few seconds on the H200.
 #include <dlfcn.h>
@@ -335,6 +336,17 @@ TEST_F(CudaBackendTest, RowsPastTheKernelsLongestAreInvalidArgument) {
   const Result ok = SubmitSync(*backend_, h.call);
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_TRUE(h.Check(Tol(Op::kSoftmax, DType::kFloat16)).ok);
+}
+
+TEST_F(CudaBackendTest, AnAbandonedCallIsCancelledWithoutBeingComputed) {
+  HostCall h = MakeElementwise(Op::kSoftmax, DType::kFloat32, 7, 300, 6);
+  h.call.abandoned = [] { return true; };
+  const Result r = SubmitSync(*backend_, h.call);
+  EXPECT_TRUE(absl::IsCancelled(r.status)) << r.status;
+  for (uint8_t byte : h.out) ASSERT_EQ(byte, 0xFF);  // still the poison
+  h.call.abandoned = [] { return false; };
+  ASSERT_TRUE(SubmitSync(*backend_, h.call).status.ok());
+  EXPECT_TRUE(h.Check(Tol(Op::kSoftmax, DType::kFloat32)).ok);
 }
 
 TEST_F(CudaBackendTest, TimingsMatchTheWork) {

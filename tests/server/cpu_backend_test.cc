@@ -1,5 +1,6 @@
-// The CPU backend's copy queue: a transfer's first piece is refused when the queue is full,
-// its later pieces are not (an admitted Upload or Download is never cut short by load).
+// The CPU backend's queue: a transfer's first piece is refused when the queue is full, its
+// later pieces are not (an admitted Upload or Download is never cut short by load); a call
+// whose caller has gone is answered CANCELLED without being computed.
 #include "server/cpu_backend.h"
 
 #include <gtest/gtest.h>
@@ -42,6 +43,34 @@ TEST(CpuBackendCopies, ALaterPieceOfATransferIsQueuedPastAFullQueue) {
   release.set_value();
   EXPECT_TRUE(queued.get().ok());
   EXPECT_TRUE(continued.get().ok());
+  b->Shutdown();
+}
+
+TEST(CpuBackendCalls, AnAbandonedCallIsCancelledWithoutBeingComputed) {
+  auto b = MakeCpuBackend({});
+  const float in[4] = {1, 2, 3, 4};
+  for (bool gone : {true, false}) {
+    float out[4] = {-7, -7, -7, -7};
+    OpCall c;
+    c.op = Op::kGelu;
+    c.dtype = DType::kFloat32;
+    c.rows = 1;
+    c.cols = 4;
+    c.inputs[0] = in;
+    c.output = out;
+    c.output_bytes = sizeof out;
+    c.abandoned = [gone] { return gone; };
+    std::promise<absl::Status> done;
+    b->Submit(c, SteadyNowNs(), [&](absl::Status s, const OpTiming&) { done.set_value(s); });
+    const absl::Status s = done.get_future().get();
+    if (gone) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+      EXPECT_EQ(out[3], -7);  // not computed
+    } else {
+      EXPECT_TRUE(s.ok()) << s;
+      EXPECT_NEAR(out[3], 3.99993f, 1e-4);
+    }
+  }
   b->Shutdown();
 }
 

@@ -335,7 +335,7 @@ TEST_F(ServiceTest, CallsCancelledAroundTheirCommitNeverLoseAnAcknowledgedTensor
   }
   // Other listed tensors belong to calls the client cancelled after the server had answered
   // (its TryCancel then reports CANCELLED). A cancel the server sees in time keeps nothing:
-  // UploadCancelledAfterItsLastByteLeavesNothingBehind, OpCancelledWhileItRunsKeepsNoOutput.
+  // UploadCancelledAfterItsLastByteLeavesNothingBehind, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed.
   std::fprintf(stderr, "%d OK, %d cancelled, %zu tensors kept\n", ok, cancelled, listed.size());
 }
 
@@ -948,6 +948,11 @@ class GatedCpuBackend final : public Backend {
   }
   BackendStats stats() const override { return cpu_->stats(); }
   void Shutdown() override { cpu_->Shutdown(); }
+  // Whether held call i's caller has gone (OpCall::abandoned).
+  bool HeldAbandoned(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return i < held_.size() && held_[i].call.abandoned && held_[i].call.abandoned();
+  }
   void WaitUntilHolding(size_t n) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return held_.size() >= n; });
@@ -976,8 +981,8 @@ class GatedCpuBackend final : public Backend {
   bool open_ = false;
 };
 
-// A call cancelled while its op runs keeps no output, even though the op finishes.
-TEST(ServiceCancelTest, OpCancelledWhileItRunsKeepsNoOutput) {
+// A call cancelled while its op waits keeps no output, and the op is not computed.
+TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
   GatedCpuBackend backend;
   TensorStore store(&backend, StoreLimits{});
   const Authenticator open;
@@ -991,7 +996,12 @@ TEST(ServiceCancelTest, OpCancelledWhileItRunsKeepsNoOutput) {
   EXPECT_EQ(store.TenantUsedBytes("anonymous"), 4000);
   ctx.TryCancel();
   EXPECT_EQ(call.Wait().error_code(), grpc::StatusCode::CANCELLED);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the cancel reaches the server
+  // The cancel reaches the server: the held call reads as abandoned, so the backend will
+  // answer it without computing it.
+  for (int i = 0; i < 250 && !backend.HeldAbandoned(0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(backend.HeldAbandoned(0));
   backend.Release();
   loopback.server->Shutdown();  // returns once the call has ended
   EXPECT_TRUE(store.List("anonymous").empty());
