@@ -102,6 +102,7 @@ struct FuseboxServer::State {
   std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;
+  std::once_flag shutdown_once;
 };
 
 FuseboxServer::FuseboxServer(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -146,7 +147,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
 
   const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
   s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
-  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, idle expiry %.0f s",
+  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, idle expiry %g s",
       static_cast<long long>(limits.budget_bytes >> 20),
       static_cast<long long>(limits.tenant_quota_bytes >> 20), limits.idle_expiry_seconds);
 
@@ -202,21 +203,25 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
 }
 
 void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
-  {
-    std::lock_guard<std::mutex> lock(s_->mu);
-    if (s_->stopping) return;
-    s_->stopping = true;
-  }
-  s_->cv.notify_all();
-  if (s_->sweeper.joinable()) s_->sweeper.join();
-  s_->server->GetHealthCheckService()->SetServingStatus(false);
-  if (notice_seconds > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(notice_seconds * 1000)));
-  }
-  const auto deadline = std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
-  s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
-  s_->backend->Shutdown();
+  // Every caller returns once the drain is over (a second one waits for the first: the
+  // destructor's call must not free the state under a shutdown still running).
+  std::call_once(s_->shutdown_once, [&] {
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->stopping = true;
+    }
+    s_->cv.notify_all();
+    if (s_->sweeper.joinable()) s_->sweeper.join();
+    s_->server->GetHealthCheckService()->SetServingStatus(false);
+    if (notice_seconds > 0) {
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(static_cast<int64_t>(notice_seconds * 1000)));
+    }
+    const auto deadline = std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+    s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
+    s_->backend->Shutdown();
+  });
 }
 
 absl::Status RunServer(const ServerOptions& o) {

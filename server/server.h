@@ -48,7 +48,7 @@ class FuseboxServer {
   TensorStore& store();
   // Health NOT_SERVING (calls still served for notice_seconds), then refuse
   // new calls, finish in-flight ones (cancelled after drain_seconds), stop the
-  // backend. Idempotent.
+  // backend. Idempotent: every caller returns once that is done.
   void Shutdown(double drain_seconds, double notice_seconds = 0);
 
  private:

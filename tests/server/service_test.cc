@@ -716,6 +716,23 @@ TEST_F(ServiceTest, ShutdownTurnsHealthNotServingWhileStillServingThenRefuses) {
   EXPECT_FALSE(stub_->Gelu(Ctx().get(), req, &resp).ok());  // and refused after
 }
 
+// A second Shutdown, while the first is in its notice, returns only when the first is done.
+TEST_F(ServiceTest, EveryShutdownCallerWaitsForTheFirstToFinish) {
+  StartServer({});
+  auto health = client::Client::Create("127.0.0.1:" + std::to_string(server_->port()));
+  ASSERT_EQ(*health->Health(), client::HealthStatus::kServing);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread first([this] { server_->Shutdown(/*drain_seconds=*/5, /*notice_seconds=*/1.0); });
+  for (int i = 0; i < 250; ++i) {  // the first caller has begun: health reads NOT_SERVING
+    auto h = health->Health();
+    if (h.ok() && *h == client::HealthStatus::kNotServing) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  server_->Shutdown(0);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(950));
+  first.join();
+}
+
 // A loopback port nobody listens on now (bound, then released).
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
