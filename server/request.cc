@@ -216,8 +216,9 @@ InflightBytes::InflightBytes(int64_t limit)
 std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes) {
   int64_t now = counter_->used.load();
   do {
-    // A call alone is always let in (its size has passed the message limits already).
-    if (now > 0 && bytes > limit_ - now) return nullptr;
+    // A call alone is always let in (its size has passed the message limits already), and
+    // one that holds nothing always is (even while a call alone is past the limit).
+    if (bytes > 0 && now > 0 && bytes > limit_ - now) return nullptr;
   } while (!counter_->used.compare_exchange_weak(now, now + bytes));
   return std::shared_ptr<void>(counter_.get(), [c = counter_, bytes](void*) { c->used -= bytes; });
 }
@@ -334,15 +335,15 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
       elements > std::numeric_limits<int64_t>::max() / 4) {
     return absl::ResourceExhaustedError(absl::StrCat("the output [", m, ",", n, "] is too large"));
   }
+  if (k == 0 && elements > 0 && p.call.inputs[2] != nullptr && p.call.input_resident[2]) {
+    return absl::UnimplementedError("K = 0 with a bias held on the server; send the bias inline");
+  }
   if (auto s = ShapeOutput(a->dtype, {m, n}, elements, req.output_options().keep_on_server(), ctx,
                            out, &p, k == 0);
       !s.ok()) {
     return s;
   }
   if (k == 0 && elements > 0) {  // empty products: relu(bias) or zeros
-    if (p.call.inputs[2] != nullptr && p.call.input_resident[2]) {
-      return absl::UnimplementedError("K = 0 with a bias held on the server; send the bias inline");
-    }
     auto* o = static_cast<uint8_t*>(TrivialOutput(&p));
     for (int64_t j = 0; j < n; ++j) {  // the first row, then copies of it
       const float v = p.call.inputs[2] ? LoadAsFloat(a->dtype, p.call.inputs[2], j) : 0.0f;

@@ -14,10 +14,13 @@
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
@@ -61,6 +64,48 @@ int64_t ReadLimit(const std::string& path) {
   return static_cast<int64_t>(v);
 }
 
+// Addresses that are not HOST:PORT (a socket path and the like).
+bool IsSocketAddress(const std::string& address) {
+  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (address.rfind(scheme, 0) == 0) return true;
+  }
+  return false;
+}
+
+// gRPC listens on a host without a port at 443, and takes a port past 65535 modulo 2^16: a
+// typo would listen somewhere else. TCP addresses need HOST:PORT ([V6]:PORT for IPv6; after
+// a dns:///, ipv4: or ipv6: prefix too); socket addresses pass as they are.
+absl::Status CheckListenAddress(const std::string& address) {
+  if (IsSocketAddress(address)) return absl::OkStatus();
+  std::string hostport = address;
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (hostport.rfind(scheme, 0) == 0) hostport = hostport.substr(std::strlen(scheme));
+  }
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat("--address=", address, ": ", why));
+  };
+  size_t colon;
+  if (!hostport.empty() && hostport[0] == '[') {
+    const size_t close = hostport.find(']');
+    if (close == std::string::npos || close + 1 >= hostport.size() || hostport[close + 1] != ':') {
+      return bad("an IPv6 address takes the form [V6]:PORT");
+    }
+    colon = close + 1;
+  } else {
+    colon = hostport.find(':');
+    if (colon == std::string::npos) return bad("HOST:PORT needs the port (0 picks a free one)");
+    if (hostport.find(':', colon + 1) != std::string::npos) {
+      return bad("an IPv6 address takes the form [V6]:PORT");
+    }
+  }
+  const std::string port = hostport.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535) {
+    return bad("the port must be a number in 0..65535");
+  }
+  return absl::OkStatus();
+}
+
 StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
@@ -80,10 +125,31 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
 
 }  // namespace
 
-int64_t HostMemoryBytes(const std::string& cgroup_root) {
+int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_cgroup) {
+  // The root's own limits (a container's cgroup namespace), then those of this process's
+  // cgroup and each cgroup above it, as /proc/self/cgroup names them: v2 "0::/a/b", v1
+  // "N:...memory...:/a/b".
+  std::vector<std::string> files = {cgroup_root + "/memory.max",
+                                    cgroup_root + "/memory/memory.limit_in_bytes"};
+  std::ifstream f(self_cgroup);
+  for (std::string line; std::getline(f, line);) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    const bool v2 = controllers.empty();
+    if (!v2 && ("," + controllers + ",").find(",memory,") == std::string::npos) continue;
+    for (size_t end = path.find('/', 1); ; end = path.find('/', end + 1)) {
+      const std::string dir = path.substr(0, end);  // /a, then /a/b, ...
+      if (dir.size() > 1) {
+        files.push_back(v2 ? cgroup_root + dir + "/memory.max"
+                           : cgroup_root + "/memory" + dir + "/memory.limit_in_bytes");
+      }
+      if (end == std::string::npos) break;
+    }
+  }
   int64_t bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
-  for (const char* file : {"/memory.max", "/memory/memory.limit_in_bytes"}) {
-    const int64_t limit = ReadLimit(cgroup_root + file);  // v1's "none" is a huge number
+  for (const std::string& file : files) {
+    const int64_t limit = ReadLimit(file);  // v1's "none" is a huge number
     if (limit > 0) bytes = std::min(bytes, limit);
   }
   return bytes;
@@ -119,16 +185,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_message_bytes must be in ", kMinMessageBytes, "..", INT_MAX, " (gRPC's limit)"));
   }
-  // gRPC takes a port past 65535 modulo 2^16: a typo would listen somewhere else.
-  if (const size_t colon = o.address.rfind(':');
-      o.address.rfind("unix:", 0) != 0 && colon != std::string::npos) {
-    const std::string port = o.address.substr(colon + 1);
-    if (port.empty() || port.size() > 5 ||
-        port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) > 65535) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--address=", o.address, ": the port must be a number in 0..65535"));
-    }
-  }
+  if (absl::Status s = CheckListenAddress(o.address); !s.ok()) return s;
   if (o.cpu_threads > 0) cpu::SetCpuThreads(o.cpu_threads);
   auto s = std::make_unique<State>();
 
@@ -227,10 +284,13 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
 absl::Status RunServer(const ServerOptions& o) {
   auto server = FuseboxServer::Start(o);
   if (!server.ok()) return server.status();
-  const std::string host = o.address.substr(0, o.address.rfind(':'));
-  std::printf("fusebox-server listening on %s:%d backend=%s device=\"%s\"\n", host.c_str(),
-              (*server)->port(), (*server)->backend().name().c_str(),
-              (*server)->backend().device().c_str());
+  // HOST:PORT with the port chosen; a socket address as given.
+  const std::string where =
+      IsSocketAddress(o.address)
+          ? o.address
+          : absl::StrCat(o.address.substr(0, o.address.rfind(':')), ":", (*server)->port());
+  std::printf("fusebox-server listening on %s backend=%s device=\"%s\"\n", where.c_str(),
+              (*server)->backend().name().c_str(), (*server)->backend().device().c_str());
   std::fflush(stdout);
 
   while (sem_wait(&g_shutdown_sem) != 0) {

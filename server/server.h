@@ -57,10 +57,11 @@ class FuseboxServer {
   std::unique_ptr<State> s_;
 };
 
-// The host memory this process may use: the RAM, or less where its cgroup (a
-// container's memory limit; v2 memory.max or v1 memory/memory.limit_in_bytes
-// under `cgroup_root`) says so.
-int64_t HostMemoryBytes(const std::string& cgroup_root = "/sys/fs/cgroup");
+// The host memory this process may use: the RAM, or less where a cgroup says so
+// (a container's memory limit): v2 memory.max or v1 memory.limit_in_bytes under
+// `cgroup_root`, of the root and of this process's cgroups (`self_cgroup`).
+int64_t HostMemoryBytes(const std::string& cgroup_root = "/sys/fs/cgroup",
+                        const std::string& self_cgroup = "/proc/self/cgroup");
 
 // Serves until SIGTERM or SIGINT (CatchShutdownSignals must have run), then
 // drains and returns.

@@ -379,7 +379,8 @@ class KernelServiceImpl::DownloadReactor final
     tensor_ = *std::move(t);
     FillInfo(*tensor_, msg_.mutable_tensor());
     // Every message, the first with its header, must fit the server's message limit
-    // (max_output_bytes leaves 4 KiB for the rest of a message; a long shape takes more).
+    // (max_output_bytes leaves 4 KiB for the rest of a message; the header's own size is
+    // taken off too).
     const int64_t header = static_cast<int64_t>(msg_.tensor().ByteSizeLong());
     chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
                        kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});

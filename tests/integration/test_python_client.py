@@ -469,6 +469,8 @@ def test_sigterm_makes_server_exit_zero():
     ("--max_message_bytes=0", "--max_message_bytes must be in 65536..2147483647"),
     ("--max_message_bytes=200", "--max_message_bytes must be in 65536..2147483647"),
     ("--address=127.0.0.1:99999", "the port must be a number in 0..65535"),
+    ("--address=localhost", "HOST:PORT needs the port"),
+    ("--address=::1", "an IPv6 address takes the form [V6]:PORT"),
     ("--backend=bogus", "--backend=bogus is unknown"),
 ])
 def test_server_refuses_out_of_range_flags_before_starting(flag, says):
@@ -477,6 +479,24 @@ def test_server_refuses_out_of_range_flags_before_starting(flag, says):
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert says in r.stderr
     assert "listening" not in r.stdout
+
+
+def test_a_unix_socket_address_is_served_and_announced_as_given(tmp_path):
+    path = tmp_path / "fusebox.sock"
+    proc = subprocess.Popen([SERVER_BIN, f"--address=unix:{path}", "--backend=cpu"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent)
+    try:
+        line = proc.stdout.readline().decode()
+        assert f"listening on unix:{path} " in line, line
+        with Client(f"unix:{path}", timeout=30) as c:
+            expect_still_serving(c)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_cuda_only_flags_do_not_stop_a_cpu_server():

@@ -268,6 +268,23 @@ TEST(Request, RankOverTheLimitIsInvalidWhereverTheTensorComesFrom) {
   EXPECT_LT(s.status().message().size(), 100u);
 }
 
+TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
+  InflightBytes f(100);
+  auto big = f.TryReserve(500);  // alone: let in past the limit
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(f.used(), 500);
+  EXPECT_EQ(f.TryReserve(1), nullptr);
+  EXPECT_NE(f.TryReserve(0), nullptr);  // all by handle, output kept: holds nothing here
+  big.reset();
+  EXPECT_EQ(f.used(), 0);
+  auto a = f.TryReserve(60);
+  auto b = f.TryReserve(40);
+  EXPECT_NE(b, nullptr);
+  EXPECT_EQ(f.TryReserve(1), nullptr);
+  a.reset();
+  EXPECT_NE(f.TryReserve(60), nullptr);
+}
+
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {
   const int64_t big = int64_t{1} << 31;
   for (auto [m, n] : {std::pair<int64_t, int64_t>{big, 1}, std::pair<int64_t, int64_t>{1, big}}) {

@@ -142,22 +142,42 @@ std::vector<uint8_t> RandomFloats(int64_t n) {
 // The CPU backend's default budget is half of this: inside a container, of its memory limit.
 TEST(HostMemory, ACgroupLimitBelowTheRamIsTheHostMemory) {
   const std::string root = ::testing::TempDir() + "fusebox_cgroup_" + std::to_string(getpid());
-  const int64_t ram = HostMemoryBytes(root);  // no such directory: the RAM
+  const std::string none = root + "/no-such-file";
+  const int64_t ram = HostMemoryBytes(root, none);  // no such directory: the RAM
   EXPECT_GT(ram, 0);
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text << "\n";
+  };
   mkdir(root.c_str(), 0700);
-  std::ofstream(root + "/memory.max") << "max\n";  // v2, no limit
-  EXPECT_EQ(HostMemoryBytes(root), ram);
-  std::ofstream(root + "/memory.max") << "1073741824\n";  // v2, 1 GiB
-  EXPECT_EQ(HostMemoryBytes(root), std::min<int64_t>(ram, int64_t{1} << 30));
+  write(root + "/memory.max", "max");  // v2, no limit
+  EXPECT_EQ(HostMemoryBytes(root, none), ram);
+  write(root + "/memory.max", "1073741824");  // v2, 1 GiB
+  EXPECT_EQ(HostMemoryBytes(root, none), std::min<int64_t>(ram, int64_t{1} << 30));
   std::remove((root + "/memory.max").c_str());
   mkdir((root + "/memory").c_str(), 0700);
-  std::ofstream(root + "/memory/memory.limit_in_bytes") << "9223372036854771712\n";  // v1, none
-  EXPECT_EQ(HostMemoryBytes(root), ram);
-  std::ofstream(root + "/memory/memory.limit_in_bytes") << "536870912\n";  // v1, 512 MiB
-  EXPECT_EQ(HostMemoryBytes(root), std::min<int64_t>(ram, int64_t{512} << 20));
+  write(root + "/memory/memory.limit_in_bytes", "9223372036854771712");  // v1, none
+  EXPECT_EQ(HostMemoryBytes(root, none), ram);
+  write(root + "/memory/memory.limit_in_bytes", "536870912");  // v1, 512 MiB
+  EXPECT_EQ(HostMemoryBytes(root, none), std::min<int64_t>(ram, int64_t{512} << 20));
   std::remove((root + "/memory/memory.limit_in_bytes").c_str());
-  rmdir((root + "/memory").c_str());
-  rmdir(root.c_str());
+  // Without a cgroup namespace: this process's cgroup (v2 "0::/a/b"), and those above it.
+  mkdir((root + "/a").c_str(), 0700);
+  mkdir((root + "/a/b").c_str(), 0700);
+  write(root + "/self", "0::/a/b");
+  write(root + "/a/b/memory.max", "268435456");  // 256 MiB
+  EXPECT_EQ(HostMemoryBytes(root, root + "/self"), std::min<int64_t>(ram, int64_t{256} << 20));
+  write(root + "/a/memory.max", "134217728");  // the parent's 128 MiB binds
+  EXPECT_EQ(HostMemoryBytes(root, root + "/self"), std::min<int64_t>(ram, int64_t{128} << 20));
+  // v1: the memory controller's line.
+  mkdir((root + "/memory/x").c_str(), 0700);
+  write(root + "/self", "5:cpu,cpuacct:/y\n4:memory:/x");
+  write(root + "/memory/x/memory.limit_in_bytes", "67108864");  // 64 MiB
+  EXPECT_EQ(HostMemoryBytes(root, root + "/self"), std::min<int64_t>(ram, int64_t{64} << 20));
+  for (const char* f : {"/a/b/memory.max", "/a/memory.max", "/self",
+                        "/memory/x/memory.limit_in_bytes"}) {
+    std::remove((root + f).c_str());
+  }
+  for (const char* d : {"/a/b", "/a", "/memory/x", "/memory", ""}) rmdir((root + d).c_str());
 }
 
 TEST_F(ServiceTest, UploadThenDownloadReturnsTheSameBytes) {
@@ -982,7 +1002,21 @@ class GatedCpuBackend final : public Backend {
       run.swap(held_);
       open_ = open_ || open;
     }
-    for (auto& h : run) cpu_->Submit(h.call, h.enqueued_ns, std::move(h.done));
+    for (auto& h : run) {
+      cpu_->Submit(h.call, h.enqueued_ns,
+                   [this, done = std::move(h.done)](absl::Status s, const OpTiming& t) {
+                     {
+                       std::lock_guard<std::mutex> lock(mu_);
+                       codes_.push_back(s.code());
+                     }
+                     done(std::move(s), t);
+                   });
+    }
+  }
+  // What the CPU backend answered each released call (CANCELLED: not computed).
+  std::vector<absl::StatusCode> BackendCodes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return codes_;
   }
 
  private:
@@ -995,6 +1029,7 @@ class GatedCpuBackend final : public Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Held> held_;
+  std::vector<absl::StatusCode> codes_;
   bool open_ = false;
 };
 
@@ -1021,6 +1056,7 @@ TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
   EXPECT_TRUE(backend.HeldAbandoned(0));
   backend.Release();
   loopback.server->Shutdown();  // returns once the call has ended
+  EXPECT_EQ(backend.BackendCodes(), std::vector<absl::StatusCode>{absl::StatusCode::kCancelled});
   EXPECT_TRUE(store.List("anonymous").empty());
   // The reservation goes with the call's last reference, which the backend's worker may
   // drop just after the reply.
