@@ -22,7 +22,8 @@ const fusebox::ServerOptions kDefaults;
 }  // namespace
 
 ABSL_FLAG(std::string, address, kDefaults.address,
-          "host:port to serve gRPC on; port 0 picks a free port (printed at start-up)");
+          "HOST:PORT ([V6]:PORT for IPv6) to serve gRPC on, or unix:PATH; port 0 picks a "
+          "free port (printed at start-up)");
 ABSL_FLAG(std::string, backend, "auto",
           "auto (the GPU when one is usable, else the CPU), cpu, or cuda (fail without a GPU)");
 ABSL_FLAG(std::string, cuda_module, "",
