@@ -44,6 +44,7 @@
 #include <prometheus/metric_family.h>
 
 #include <array>
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -231,9 +232,11 @@ class CallStats final : public prometheus::Collectable {
     auto in_flight = Family("fusebox_calls_in_flight", "RPCs between arrival and reply.",
                             prometheus::MetricType::Gauge);
     auto x = Sample({});
-    x.gauge.value = static_cast<double>(Total([](const Shard& s) -> int64_t {
+    // The shards are read one after another, so a call's -1 can be seen without its +1 (on
+    // another thread's shard): never report fewer than none.
+    x.gauge.value = static_cast<double>(std::max<int64_t>(0, Total([](const Shard& s) -> int64_t {
       return s.in_flight.load(std::memory_order_relaxed);
-    }));
+    })));
     in_flight.metric.push_back(std::move(x));
     out.push_back(std::move(in_flight));
 
