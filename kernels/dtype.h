@@ -17,6 +17,20 @@ constexpr const char* DTypeName(DType d) {
   return d == DType::kFloat32 ? "float32" : d == DType::kFloat16 ? "float16" : "bfloat16";
 }
 
+// The bytes of a tensor of `element_bytes`-byte elements with these non-negative dims: 0 when
+// a dim is 0 (whatever the others multiply to), -1 when the count passes int64.
+template <typename Dims>
+int64_t ShapeBytes(int64_t element_bytes, const Dims& dims) {
+  for (int64_t d : dims) {
+    if (d == 0) return 0;
+  }
+  int64_t bytes = element_bytes;
+  for (int64_t d : dims) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) return -1;
+  }
+  return bytes;
+}
+
 inline uint32_t FloatBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float BitsFloat(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 

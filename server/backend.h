@@ -99,6 +99,10 @@ class Buffer {
   virtual ~Buffer() = default;
   virtual void* data() const = 0;
   virtual size_t size() const = 0;
+  // Whether [offset, offset + bytes) lies within the buffer (checked before a copy).
+  bool Contains(size_t offset, size_t bytes) const {
+    return offset <= size() && bytes <= size() - offset;
+  }
 };
 
 class Backend {

@@ -57,7 +57,7 @@ class CpuBackend final : public Backend {
 
   void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
                    OpDone done) override {
-    if (!InBounds(dst, offset, bytes)) {
+    if (!dst->Contains(offset, bytes)) {
       done(absl::InvalidArgumentError("write past the end of the tensor"), OpTiming{});
       return;
     }
@@ -71,7 +71,7 @@ class CpuBackend final : public Backend {
 
   void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
                   OpDone done) override {
-    if (!InBounds(src, offset, bytes)) {
+    if (!src->Contains(offset, bytes)) {
       done(absl::InvalidArgumentError("read past the end of the tensor"), OpTiming{});
       return;
     }
@@ -95,10 +95,6 @@ class CpuBackend final : public Backend {
   void Shutdown() override { queue_.Shutdown(); }
 
  private:
-  static bool InBounds(const Buffer* b, size_t offset, size_t bytes) {
-    return offset <= b->size() && bytes <= b->size() - offset;
-  }
-
   class HostBuffer final : public Buffer {
    public:
     HostBuffer(std::unique_ptr<uint8_t[]> mem, size_t size) : mem_(std::move(mem)), size_(size) {}

@@ -101,20 +101,20 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
   if (keep && ctx.store == nullptr) {
     return absl::UnimplementedError("keep_on_server: this server holds no tensors");
   }
-  if (keep && host_built && bytes > ctx.limits.max_output_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the output would be ", bytes, " bytes that need no kernel (empty rows or K = 0); "
-        "this server builds such results in host memory, up to its limit of ",
-        ctx.limits.max_output_bytes, " bytes"));
-  }
-  if (!keep && bytes > ctx.limits.max_output_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the output would be ", bytes, " bytes, over this server's limit of ",
-        ctx.limits.max_output_bytes, " for inline results; keep it on the server and Download it"));
+  const bool on_host = !keep || host_built;  // the output's bytes are the host's
+  if (on_host && bytes > ctx.limits.max_output_bytes) {
+    return absl::ResourceExhaustedError(
+        keep ? absl::StrCat("the output would be ", bytes,
+                            " bytes that need no kernel (empty rows or K = 0); this server "
+                            "builds such results in host memory, up to its limit of ",
+                            ctx.limits.max_output_bytes, " bytes")
+             : absl::StrCat("the output would be ", bytes, " bytes, over this server's limit of ",
+                            ctx.limits.max_output_bytes,
+                            " for inline results; keep it on the server and Download it"));
   }
   if (ctx.inflight != nullptr) {
     // The request's inline inputs, and the output where the host holds it.
-    const int64_t held = p->bytes_in + (!keep || host_built ? bytes : 0);
+    const int64_t held = p->bytes_in + (on_host ? bytes : 0);
     p->inflight = ctx.inflight->TryReserve(held);
     if (p->inflight == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -180,19 +180,13 @@ absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestCo
   // last axis has no elements, yet its other axes may still multiply past int64:
   // the output's size is checked on its own (a zero among them makes it empty).
   std::vector<int64_t> oshape(a->shape.begin(), a->shape.end() - 1);
-  int64_t rows = 1;
-  if (std::find(oshape.begin(), oshape.end(), 0) != oshape.end()) {
-    rows = 0;
-  } else {
-    for (int64_t d : oshape) {
-      if (__builtin_mul_overflow(rows, d, &rows) ||
-          rows > std::numeric_limits<int64_t>::max() / 4) {
-        return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
-                                    ": its output (every axis but the last) has more bytes "
-                                    "than fit in 64 bits"));
-      }
-    }
+  const int64_t obytes = ShapeBytes(sizeof(float), oshape);
+  if (obytes < 0) {
+    return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
+                                ": its output (every axis but the last) has more bytes "
+                                "than fit in 64 bits"));
   }
+  const int64_t rows = obytes / static_cast<int64_t>(sizeof(float));
   p.call.rows = rows;
   if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p, cols == 0); !s.ok()) {
     return s;
@@ -249,15 +243,10 @@ absl::StatusOr<int64_t> CheckedBytes(DType dtype,
     }
   }
   // Overflow is checked on the byte count so any size that passes fits in int64.
-  int64_t bytes = static_cast<int64_t>(ElementSize(dtype));
-  for (int64_t d : shape) {
-    if (d == 0) return 0;
-  }
-  for (int64_t d : shape) {
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      return Invalid(absl::StrCat(what, ".shape ", ShapeString(shape),
-                                  " has more elements than fit in 64 bits"));
-    }
+  const int64_t bytes = ShapeBytes(static_cast<int64_t>(ElementSize(dtype)), shape);
+  if (bytes < 0) {
+    return Invalid(absl::StrCat(what, ".shape ", ShapeString(shape),
+                                " has more elements than fit in 64 bits"));
   }
   return bytes;
 }

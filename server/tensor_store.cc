@@ -1,7 +1,6 @@
 // TensorStore: see tensor_store.h.
 #include "server/tensor_store.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
@@ -40,20 +39,11 @@ TensorStore::TensorStore(Backend* backend, StoreLimits limits)
 
 absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
     const std::string& tenant, DType dtype, const std::vector<int64_t>& shape) {
-  int64_t bytes = static_cast<int64_t>(ElementSize(dtype));
   for (int64_t d : shape) {
     if (d < 0) return absl::InvalidArgumentError(absl::StrCat("shape has a negative dimension ", d));
   }
-  // A zero anywhere makes the tensor empty, whatever the other axes multiply to (as CheckedBytes).
-  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) {
-    bytes = 0;
-  } else {
-    for (int64_t d : shape) {
-      if (__builtin_mul_overflow(bytes, d, &bytes)) {
-        return absl::InvalidArgumentError("shape has more elements than fit in 64 bits");
-      }
-    }
-  }
+  const int64_t bytes = ShapeBytes(static_cast<int64_t>(ElementSize(dtype)), shape);
+  if (bytes < 0) return absl::InvalidArgumentError("shape has more elements than fit in 64 bits");
   if (bytes > limits_.max_tensor_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat("a tensor of ", bytes,
                                                      " bytes is over the limit of ",

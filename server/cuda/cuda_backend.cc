@@ -333,7 +333,7 @@ void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
 
 void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,
                               int64_t enqueued_ns, OpDone done) {
-  if (offset > dst->size() || bytes > dst->size() - offset) {
+  if (!dst->Contains(offset, bytes)) {
     done(absl::InvalidArgumentError("write past the end of the tensor"), OpTiming{});
     return;
   }
@@ -346,7 +346,7 @@ void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_
 
 void CudaBackend::SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes,
                              int64_t enqueued_ns, OpDone done) {
-  if (offset > src->size() || bytes > src->size() - offset) {
+  if (!src->Contains(offset, bytes)) {
     done(absl::InvalidArgumentError("read past the end of the tensor"), OpTiming{});
     return;
   }
