@@ -68,6 +68,9 @@ ABSL_FLAG(int64_t, malloc_retain_mib, 1024,
           "(bench/rpc/NOTES.md); 0 = glibc's defaults");
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
+ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
+          "a call waiting this long on its client (an Upload's next message, a Download's "
+          "next chunk, a reply not taken) is cancelled and its memory returned; 0 = never");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();
@@ -119,6 +122,7 @@ int main(int argc, char** argv) {
   o.max_tensor_bytes = bytes(max_tensor_mib);
   o.inflight_bytes = bytes(inflight_mib);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
+  o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
 
   std::string bad;
   if (impl == "cublaslt") {
@@ -140,8 +144,9 @@ int main(int argc, char** argv) {
   if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
   // Seconds: finite and at most a day (a double past int64 nanoseconds stopped at once).
   auto seconds_ok = [](double s) { return std::isfinite(s) && s >= 0 && s <= 86400; };
-  if (!seconds_ok(o.drain_seconds) || !seconds_ok(o.shutdown_notice_seconds)) {
-    bad = "--drain_seconds and --shutdown_notice_s must be in 0..86400";
+  if (!seconds_ok(o.drain_seconds) || !seconds_ok(o.shutdown_notice_seconds) ||
+      !seconds_ok(o.stall_timeout_seconds)) {
+    bad = "--drain_seconds, --shutdown_notice_s and --stall_timeout_s must be in 0..86400";
   }
   if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
     bad = absl::StrCat(

@@ -163,7 +163,7 @@ struct FuseboxServer::State {
   std::unique_ptr<KernelServiceImpl> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  // The expiry sweeper.
+  // The sweeper: idle expiry and stalled calls.
   std::thread sweeper;
   std::mutex mu;
   std::condition_variable cv;
@@ -224,8 +224,10 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
-  Log("calls in flight: up to %lld MiB of inline tensors",
-      static_cast<long long>(request_limits.max_inflight_bytes >> 20));
+  request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
+  Log("calls in flight: up to %lld MiB of inline tensors; cancelled after %g s waiting on "
+      "their client",
+      static_cast<long long>(request_limits.max_inflight_bytes >> 20), o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);
 
@@ -243,15 +245,23 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   }
   s->server->GetHealthCheckService()->SetServingStatus(true);
 
-  if (limits.idle_expiry_seconds > 0) {
+  // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s).
+  double limit_seconds = 0;
+  for (double t : {limits.idle_expiry_seconds, o.stall_timeout_seconds}) {
+    if (t > 0) limit_seconds = limit_seconds > 0 ? std::min(limit_seconds, t) : t;
+  }
+  if (limit_seconds > 0) {
     const auto period = std::chrono::milliseconds(
-        std::clamp<int64_t>(static_cast<int64_t>(limits.idle_expiry_seconds * 250), 10, 10000));
+        std::clamp<int64_t>(static_cast<int64_t>(limit_seconds * 250), 10, 10000));
     State* st = s.get();
     s->sweeper = std::thread([st, period] {
       std::unique_lock<std::mutex> lock(st->mu);
       while (!st->cv.wait_for(lock, period, [st] { return st->stopping; })) {
         lock.unlock();
         if (int n = st->store->ExpireIdle(); n > 0) Log("expired %d idle tensors", n);
+        if (int n = st->service->CancelStalled(); n > 0) {
+          Log("cancelled %d calls that waited on their clients too long", n);
+        }
         lock.lock();
       }
     });

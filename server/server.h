@@ -36,6 +36,9 @@ struct ServerOptions {
   double idle_expiry_seconds = 3600;  // 0 = never
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;
+  // A call waiting this long on its client (the next Upload message, a Download chunk or a
+  // reply not taken) is cancelled (StallWatch); 0 = never.
+  double stall_timeout_seconds = 120;
 };
 
 class FuseboxServer {

@@ -63,13 +63,19 @@ absl::StatusOr<PreparedCall> Prepare(const v1::MatmulReluRequest& r, const Reque
 // (the call was cancelled or passed its deadline after the output was committed).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
-  OpReactor(TensorStore* store, grpc::CallbackServerContext* ctx) : store_(store), ctx_(ctx) {}
+  OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx)
+      : store_(store), ctx_(ctx), stall_(stalls, ctx) {}
   void Kept(const StoredTensor& t) {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
   // Held until the reply has gone (the reply's tensor bytes live until then).
   void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
+  // Sends the reply; until it has gone the call waits on its client.
+  void Reply(const grpc::Status& s) {
+    stall_.Waiting();
+    Finish(s);
+  }
   void OnDone() override {
     if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
@@ -80,6 +86,7 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* const ctx_;
   std::string tenant_, handle_;
   std::shared_ptr<void> inflight_;
+  StallWatch::Call stall_;
 };
 
 // 64 KiB under 4 MiB: a message with its header still fits gRPC's default 4 MiB receive limit,
@@ -98,7 +105,10 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
       limits_(limits),
       inflight_(limits.max_inflight_bytes > 0
                     ? std::make_unique<InflightBytes>(limits.max_inflight_bytes)
-                    : nullptr) {}
+                    : nullptr),
+      stalls_(limits.stall_timeout_seconds) {}
+
+int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
 
 absl::StatusOr<RequestContext> KernelServiceImpl::Context(
     const grpc::CallbackServerContext& ctx) const {
@@ -133,7 +143,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
                                                    const char* method, Op op, const Req& req,
                                                    v1::TensorRef* output, v1::Timing* timing) {
   const int64_t arrived = SteadyNowNs();
-  auto* reactor = new OpReactor(store_, ctx);
+  auto* reactor = new OpReactor(store_, &stalls_, ctx);
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
   record.method = method;
@@ -163,7 +173,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
       metrics_->RecordCall(record);
       metrics_->CallFinished();
     }
-    reactor->Finish(ToGrpcStatus(s));
+    reactor->Reply(ToGrpcStatus(s));
   };
 
   absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
@@ -241,7 +251,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerCont
 class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
  public:
   UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
-      : svc_(svc), ctx_(ctx), resp_(resp) {
+      : svc_(svc), ctx_(ctx), resp_(resp), stall_(&svc->stalls_, ctx) {
     svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
@@ -253,10 +263,11 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       return;
     }
     tenant_ = c->tenant;
-    StartRead(&msg_);
+    Read();
   }
 
   void OnReadDone(bool ok) override {
+    stall_.Working();
     if (!ok) {  // the client closed its side, or the call broke
       Complete();
       return;
@@ -272,7 +283,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
           absl::StrCat("the upload sent more than the ", tensor_->bytes, " bytes its shape needs")));
     }
     if (n == 0) {
-      StartRead(&msg_);
+      Read();
       return;
     }
     svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
@@ -280,7 +291,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
                                 [this, n](absl::Status s, const OpTiming&) {
                                   if (!s.ok()) return Fail(s);
                                   written_ += n;
-                                  StartRead(&msg_);
+                                  Read();
                                 });
   }
 
@@ -294,6 +305,11 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
  private:
+  void Read() {
+    stall_.Waiting();
+    StartRead(&msg_);
+  }
+
   absl::Status Begin() {
     started_ns_ = SteadyNowNs();
     auto dtype = CheckedDType(msg_.dtype(), "upload");
@@ -342,6 +358,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
+  StallWatch::Call stall_;  // last: leaves the watch first
 };
 
 grpc::ServerReadReactor<v1::UploadRequest>* KernelServiceImpl::Upload(
@@ -356,7 +373,7 @@ class KernelServiceImpl::DownloadReactor final
  public:
   DownloadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx,
                   const v1::DownloadRequest* req)
-      : svc_(svc) {
+      : svc_(svc), stall_(&svc->stalls_, ctx) {
     svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
@@ -388,6 +405,7 @@ class KernelServiceImpl::DownloadReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    stall_.Working();
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
       return;
@@ -409,7 +427,7 @@ class KernelServiceImpl::DownloadReactor final
     const int64_t n = std::min(chunk_, tensor_->bytes - sent_);
     msg_.mutable_data()->resize(static_cast<size_t>(n));
     if (n == 0) {
-      StartWrite(&msg_);
+      Write();
       return;
     }
     svc_->backend_->SubmitRead(tensor_->buffer.get(), static_cast<size_t>(sent_),
@@ -420,8 +438,13 @@ class KernelServiceImpl::DownloadReactor final
                                    return;
                                  }
                                  sent_ += n;
-                                 StartWrite(&msg_);
+                                 Write();
                                });
+  }
+
+  void Write() {
+    stall_.Waiting();
+    StartWrite(&msg_);
   }
 
   void End(const grpc::Status& s) {
@@ -434,6 +457,7 @@ class KernelServiceImpl::DownloadReactor final
   v1::DownloadResponse msg_;
   int64_t chunk_ = kDefaultChunkBytes;
   int64_t sent_ = 0;
+  StallWatch::Call stall_;  // last: leaves the watch first
 };
 
 grpc::ServerWriteReactor<v1::DownloadResponse>* KernelServiceImpl::Download(

@@ -12,6 +12,7 @@
 #include "server/backend.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/stall_watch.h"
 #include "server/tensor_store.h"
 
 namespace fusebox {
@@ -45,6 +46,10 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
                                         const v1::ListTensorsRequest* req,
                                         v1::ListTensorsResponse* resp) override;
 
+  // Cancels the calls that have waited on their clients past the stall timeout (StallWatch);
+  // returns how many. The server's sweeper calls it.
+  int CancelStalled();
+
  private:
   class UploadReactor;
   class DownloadReactor;
@@ -70,6 +75,7 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   const Authenticator* const auth_;
   const RequestLimits limits_;
   const std::unique_ptr<InflightBytes> inflight_;  // null: no limit
+  StallWatch stalls_;
 };
 
 }  // namespace fusebox

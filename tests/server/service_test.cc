@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -137,6 +138,15 @@ class ServiceTest : public ::testing::Test {
 
 std::vector<uint8_t> RandomFloats(int64_t n) {
   return ref::RandomTensor(DType::kFloat32, n, -3, 3, std::random_device{}());
+}
+
+// A channel whose flow-control window stays at 64 KiB (no BDP probing): the server writes
+// only as fast as this client reads.
+std::unique_ptr<KernelService::Stub> StubWithoutBdpProbing(int port) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return KernelService::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
 }
 
 // The CPU backend's default budget is half of this: inside a container, of its memory limit.
@@ -534,12 +544,7 @@ TEST_F(ServiceTest, ASlowDownloadKeepsItsTensorFromExpiring) {
   StartServer(o);
   std::string h;
   ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
-  // A channel whose flow-control window stays at 64 KiB (no BDP probing), so the server
-  // writes only as fast as this reader reads.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  auto stub = KernelService::NewStub(grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials(), args));
+  auto stub = StubWithoutBdpProbing(server_->port());
   auto ctx = Ctx();
   v1::DownloadRequest req;
   req.set_handle(h);
@@ -554,6 +559,195 @@ TEST_F(ServiceTest, ASlowDownloadKeepsItsTensorFromExpiring) {
   }
   ASSERT_TRUE(r->Finish().ok());
   EXPECT_EQ(messages, 64);
+}
+
+TEST_F(ServiceTest, AnUploadStalledAfterItsHeaderIsCancelledAndItsBudgetReturned) {
+  ServerOptions o;
+  o.store_budget_bytes = 1 << 20;
+  o.stall_timeout_seconds = 0.3;
+  StartServer(o);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto stalled = stub_->Upload(ctx.get(), &resp);
+  v1::UploadRequest header;  // 800 KB of the 1 MiB budget reserved, then nothing more
+  header.set_dtype(v1::FLOAT32);
+  header.add_shape(200000);
+  header.set_data(std::string(4000, 'x'));
+  ASSERT_TRUE(stalled->Write(header));
+  std::string h;
+  grpc::Status other;
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {  // up to 5 s
+    other = Upload(RandomFloats(100000), {100000}, v1::FLOAT32, &h);
+    if (other.ok()) break;
+    EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
+    ++refused;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(other.ok()) << "the stalled upload still holds its budget: "
+                          << other.error_message();
+  EXPECT_GE(refused, 1);  // it did hold it while it waited
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(List().tensors_size(), 1);  // the other upload's only
+}
+
+TEST_F(ServiceTest, AnUploadThatKeepsSendingOutlivesTheStallTimeout) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;
+  StartServer(o);
+  const auto a = RandomFloats(16 * 1024);  // 16 messages of 4 KiB, 100 ms apart: 1.6 s
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub_->Upload(ctx.get(), &resp);
+  for (int i = 0; i < 16; ++i) {
+    v1::UploadRequest m;
+    if (i == 0) {
+      m.set_dtype(v1::FLOAT32);
+      m.add_shape(16 * 1024);
+    }
+    m.set_data(a.data() + i * 4096, 4096);
+    ASSERT_TRUE(w->Write(m));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  w->WritesDone();
+  const grpc::Status s = w->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::string back;
+  ASSERT_TRUE(Download(resp.tensor().handle(), &back).ok());
+  EXPECT_EQ(back, std::string(a.begin(), a.end()));
+}
+
+TEST_F(ServiceTest, ADownloadWhoseReaderStopsIsCancelled) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
+  auto stub = StubWithoutBdpProbing(server_->port());
+  auto ctx = Ctx();
+  v1::DownloadRequest req;
+  req.set_handle(h);
+  req.set_chunk_bytes(16 << 10);  // 64 messages; the window holds 4
+  auto r = stub->Download(ctx.get(), req);
+  v1::DownloadResponse m;
+  ASSERT_TRUE(r->Read(&m));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the reader stops
+  int messages = 1;
+  while (r->Read(&m)) ++messages;
+  EXPECT_LT(messages, 64);
+  EXPECT_EQ(r->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(List().tensors_size(), 1);  // the tensor itself stays
+}
+
+// A loopback TCP proxy to a server for one connection, which can stop passing the server's
+// bytes on: a client that takes nothing more, as the server sees it.
+class PausableProxy {
+ public:
+  explicit PausableProxy(int server_port) : server_port_(server_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+        listen(listen_fd_, 1) == 0 &&
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port_ = ntohs(addr.sin_port);
+    }
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~PausableProxy() {
+    stop_ = true;
+    thread_.join();
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  void Pause(bool paused) { paused_ = paused; }
+
+ private:
+  static bool Pass(int from, int to) {  // false: closed
+    char buf[65536];
+    const ssize_t n = read(from, buf, sizeof buf);
+    if (n <= 0) return false;
+    for (ssize_t off = 0; off < n;) {
+      const ssize_t w = write(to, buf + off, static_cast<size_t>(n - off));
+      if (w <= 0) return false;
+      off += w;
+    }
+    return true;
+  }
+  void Run() {
+    int client = -1;
+    while (!stop_ && client < 0) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 20) > 0) client = accept(listen_fd_, nullptr, nullptr);
+    }
+    if (client < 0) return;
+    const int server = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      while (!stop_) {
+        pollfd p[2] = {{client, POLLIN, 0}, {server, static_cast<short>(paused_ ? 0 : POLLIN), 0}};
+        if (poll(p, 2, 20) <= 0) continue;
+        if ((p[0].revents & (POLLIN | POLLHUP)) && !Pass(client, server)) break;
+        if ((p[1].revents & (POLLIN | POLLHUP)) && !Pass(server, client)) break;
+      }
+    }
+    close(server);
+    close(client);
+  }
+
+  const int server_port_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> paused_{false}, stop_{false};
+  std::thread thread_;
+};
+
+TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBytes) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;
+  o.inflight_bytes = 3 << 20;
+  StartServer(o);
+  PausableProxy proxy(server_->port());
+  ASSERT_GT(proxy.port(), 0);
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  {
+    auto ctx = Ctx();  // the connection, before the proxy stops passing the server's bytes
+    v1::ListTensorsResponse list;
+    ASSERT_TRUE(stub->ListTensors(ctx.get(), v1::ListTensorsRequest(), &list).ok());
+  }
+  proxy.Pause(true);
+  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline: 2 of the 3 MiB
+  const auto x = RandomFloats(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_data(x.data(), x.size());
+  auto untaken_ctx = Ctx();
+  PendingGelu untaken(*stub, untaken_ctx.get(), req);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its request has arrived
+  grpc::Status other;
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {  // up to 5 s
+    auto ctx = Ctx();
+    v1::GeluResponse resp;
+    other = stub_->Gelu(ctx.get(), req, &resp);
+    if (other.ok()) break;
+    EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
+    ++refused;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(other.ok()) << "the untaken reply still holds its bytes: " << other.error_message();
+  EXPECT_GE(refused, 1);  // it did hold them while it waited
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  proxy.Pause(false);
+  EXPECT_EQ(untaken.Wait().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
