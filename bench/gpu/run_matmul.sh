@@ -100,12 +100,12 @@ if [ $sanitize = 1 ]; then
   }
   # memcheck: every matmul test, cuBLASLt included (the 1000^3 shape left out by
   # FUSEBOX_GPU_TEST_SMALL), and the backend module's tests except the ones that fault on purpose
-  # (death test, out-of-memory: API errors by design) or time themselves (concurrency, timings,
-  # 96 MiB transfers).
+  # (death test, out-of-memory and a full pool: API errors by design) or time themselves
+  # (concurrency, timings, 96 MiB transfers).
   san memcheck_matmul "$limit" all memcheck "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1
   san memcheck_backend $((limit / 2)) all memcheck "$B/bin/fusebox_gpu_cuda_backend_test" \
     --gtest_brief=1 \
-    "--gtest_filter=-CudaBackendBroken.*:*OutOfMemory*:*LargeTransfers*:*Concurrent*:*TimingsMatchTheWork*"
+    "--gtest_filter=-CudaBackendBroken.*:CudaBackendPoolFull.*:*OutOfMemory*:*LargeTransfers*:*Concurrent*:*TimingsMatchTheWork*"
   # racecheck: shared-memory hazards in our own kernels, and no cuBLASLt kernel launched at all
   # (in run 4 racecheck failed on one, "failed to handle a hardware exception", and every later
   # test failed with it). Two runs, two logs: WgmmaMatmulRelu (TMA + wgmma; racecheck may not

@@ -5,7 +5,8 @@
 // allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that rows
 // past the kernels' longest are INVALID_ARGUMENT, that an abandoned call is
 // answered CANCELLED without being computed, that a broken context turns later
-// calls UNAVAILABLE (in a child process), and that timings add up. Skips when the module cannot be loaded or finds no GPU.
+// calls UNAVAILABLE and that first launches work while the pool holds all free device
+// memory (each in a child process), and that timings add up. Skips when the module cannot be loaded or finds no GPU.
 // Module path: $FUSEBOX_CUDA_MODULE, else next to this executable, else the
 // build tree's. Cost: a few seconds on the H200.
 #include <dlfcn.h>
@@ -425,6 +426,60 @@ TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
         std::_Exit(absl::IsUnavailable(later.status) ? 0 : 5);
       },
       testing::ExitedWithCode(0), "later: UNAVAILABLE");
+}
+
+// The pool keeps what it frees, so after a burst it can hold all free device memory; a
+// kernel's first launch then loads its code (lazy loading), which needs device memory too.
+// Every op's first launch in a fresh process must still work (in a child: a fresh context).
+TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
+  {
+    std::string why;
+    CudaBackendOptions o;
+    o.streams = 1;
+    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        CudaBackendOptions o;
+        o.streams = 1;
+        std::string reason;
+        auto b = MakeBackend(o, &reason);
+        if (!b) std::_Exit(3);
+        {
+          std::vector<std::unique_ptr<Buffer>> held;  // 8 GiB pieces, then halves, to 1 MiB
+          for (size_t piece = size_t{8} << 30; piece >= (size_t{1} << 20); piece /= 2) {
+            for (auto buf = b->Allocate(piece); buf.ok(); buf = b->Allocate(piece)) {
+              held.push_back(*std::move(buf));
+            }
+          }
+          const BackendStats st = b->stats();
+          std::fprintf(stderr, "held %zu blocks; device memory used %lld of %lld MiB\n",
+                       held.size(), static_cast<long long>(st.device_memory_used >> 20),
+                       static_cast<long long>(st.device_memory_total >> 20));
+        }  // given back to the pool, which keeps it
+        int failed = 0;
+        uint64_t seed = 1;
+        for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+          std::vector<HostCall> calls;
+          calls.push_back(MakeElementwise(Op::kGelu, dt, 1, 1000, seed++));
+          calls.push_back(MakeElementwise(Op::kSoftmax, dt, 3, 1000, seed++));
+          calls.push_back(MakeElementwise(Op::kSoftmax, dt, 2, 300000, seed++));
+          calls.push_back(MakeElementwise(Op::kRowSum, dt, 5, 4097, seed++));
+          calls.push_back(MakeMatmul(dt, 65, 33, 129, true, MatmulImpl::kCublasLt, seed++));
+          calls.push_back(MakeMatmul(dt, 70, 40, 30, false, MatmulImpl::kTiled, seed++));
+          for (HostCall& h : calls) {
+            const Result r = SubmitSync(*b, h.call);
+            const bool ok = r.status.ok() && h.Check(Tol(h.call.op, dt)).ok;
+            if (!ok) ++failed;
+            std::fprintf(stderr, "%s %s: %s\n", OpName(h.call.op), DTypeName(dt),
+                         r.status.ok() ? (ok ? "ok" : "WRONG") : r.status.ToString().c_str());
+          }
+        }
+        std::fprintf(stderr, "first launches failed: %d\n", failed);
+        std::_Exit(failed == 0 ? 0 : 6);
+      },
+      testing::ExitedWithCode(0), "first launches failed: 0");
 }
 
 }  // namespace
