@@ -84,19 +84,6 @@ class DeviceBuffer {
 
 using Launch = std::function<cudaError_t(const void* in, void* out)>;
 
-// A softmax output's tolerance. float16 stores values below 2^-14 as subnormals with a fixed step
-// of 2^-24: long rows have most probabilities there. Allow that rounding (half a step per
-// element) on top.
-double SoftmaxTolerance(DType dt, const std::vector<double>& want) {
-  double tol = ref::DefaultTolerance(dt);
-  if (dt == DType::kFloat16) {
-    double norm = 0;
-    for (double w : want) norm += std::isfinite(w) ? w * w : 0.0;
-    if (norm > 0) tol += 0.5 * std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(want.size()) / norm);
-  }
-  return tol;
-}
-
 // Places `in` at byte offset kGuard + in_off of a device buffer, poisons an output buffer of
 // kGuard + out_off + out_bytes + kGuard bytes, launches, synchronises, and checks that the launch
 // succeeded, that only [kGuard + out_off, + out_bytes) of the output buffer changed and that the
@@ -204,7 +191,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
                       },
                       &out))
         << where;
-    const double tol = SoftmaxTolerance(dt, want);
+    const double tol = ref::DefaultTolerance(dt);
     const ref::Comparison c = ref::Compare(dt, out.data(), want, tol);
     EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " tol=" << tol << " first_bad=" << c.first_bad;
   }
@@ -438,7 +425,7 @@ TEST_P(MemoryBound, SoftmaxExpOnceSameBitsAsRecompute) {
                         &twice))
           << where;
       EXPECT_EQ(once, twice) << where;
-      const ref::Comparison c = ref::Compare(dt, once.data(), want, SoftmaxTolerance(dt, want));
+      const ref::Comparison c = ref::Compare(dt, once.data(), want, ref::DefaultTolerance(dt));
       EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " first_bad=" << c.first_bad;
     }
   }
