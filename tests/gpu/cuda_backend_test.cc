@@ -67,6 +67,12 @@ std::unique_ptr<Backend> MakeBackend(const CudaBackendOptions& o, std::string* w
   return std::unique_ptr<Backend>(b);
 }
 
+std::unique_ptr<Backend> OneStreamBackend(std::string* why) {
+  CudaBackendOptions o;
+  o.streams = 1;
+  return MakeBackend(o, why);
+}
+
 int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -375,11 +381,7 @@ TEST_F(CudaBackendTest, TimingsMatchTheWork) {
 // --backend=auto instead of serving from the CPU (no GPU at all is UNAVAILABLE).
 TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
   std::string why;
-  {
-    CudaBackendOptions o;
-    o.streams = 1;
-    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
-  }
+  if (!OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
   Factory f = LoadFactory(&why);
   ASSERT_NE(f, nullptr) << why;
   CudaBackendOptions o;
@@ -393,19 +395,12 @@ TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
 }
 
 TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
-  {
-    std::string why;
-    CudaBackendOptions o;
-    o.streams = 1;
-    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
-  }
+  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        CudaBackendOptions o;
-        o.streams = 1;
         std::string reason;
-        auto b = MakeBackend(o, &reason);
+        auto b = OneStreamBackend(&reason);
         if (!b) std::_Exit(3);  // no GPU in the child: parent sees code 3
         std::vector<float> out(1 << 20);
         OpCall bad;
@@ -432,19 +427,12 @@ TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
 // kernel's first launch then loads its code (lazy loading), which needs device memory too.
 // Every op's first launch in a fresh process must still work (in a child: a fresh context).
 TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
-  {
-    std::string why;
-    CudaBackendOptions o;
-    o.streams = 1;
-    if (!MakeBackend(o, &why)) GTEST_SKIP() << "no CUDA backend here: " << why;
-  }
+  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        CudaBackendOptions o;
-        o.streams = 1;
         std::string reason;
-        auto b = MakeBackend(o, &reason);
+        auto b = OneStreamBackend(&reason);
         if (!b) std::_Exit(3);
         {
           std::vector<std::unique_ptr<Buffer>> held;  // 8 GiB pieces, then halves, to 1 MiB

@@ -538,26 +538,41 @@ TEST_F(ServiceTest, IdleTensorExpiresToNotFound) {
   EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
 }
 
+// A Download of 1 MiB of float32 in 64 messages of 16 KiB, on a channel without BDP probing,
+// so the server writes only as fast as this client reads (members in destruction order).
+struct SlowDownload {
+  std::unique_ptr<KernelService::Stub> stub;
+  std::unique_ptr<grpc::ClientContext> ctx;
+  std::unique_ptr<grpc::ClientReader<v1::DownloadResponse>> reader;
+};
+
+SlowDownload OpenSlowDownload(int port, const std::string& handle) {
+  SlowDownload d;
+  d.stub = StubWithoutBdpProbing(port);
+  d.ctx = std::make_unique<grpc::ClientContext>();
+  d.ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::DownloadRequest req;
+  req.set_handle(handle);
+  req.set_chunk_bytes(16 << 10);
+  d.reader = d.stub->Download(d.ctx.get(), req);
+  return d;
+}
+
 TEST_F(ServiceTest, ASlowDownloadKeepsItsTensorFromExpiring) {
   ServerOptions o;
   o.idle_expiry_seconds = 0.3;
   StartServer(o);
   std::string h;
   ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
-  auto stub = StubWithoutBdpProbing(server_->port());
-  auto ctx = Ctx();
-  v1::DownloadRequest req;
-  req.set_handle(h);
-  req.set_chunk_bytes(16 << 10);  // 64 messages, one each 25 ms: 1.6 s, 5 expiry periods
-  auto r = stub->Download(ctx.get(), req);
+  SlowDownload d = OpenSlowDownload(server_->port(), h);
   v1::DownloadResponse m;
   int messages = 0;
-  while (r->Read(&m)) {
+  while (d.reader->Read(&m)) {  // one each 25 ms: 1.6 s, 5 expiry periods
     ++messages;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
     if (messages == 48) EXPECT_EQ(List().tensors_size(), 1);  // in use 1.2 s in
   }
-  ASSERT_TRUE(r->Finish().ok());
+  ASSERT_TRUE(d.reader->Finish().ok());
   EXPECT_EQ(messages, 64);
 }
 
@@ -625,19 +640,14 @@ TEST_F(ServiceTest, ADownloadWhoseReaderStopsIsCancelled) {
   StartServer(o);
   std::string h;
   ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
-  auto stub = StubWithoutBdpProbing(server_->port());
-  auto ctx = Ctx();
-  v1::DownloadRequest req;
-  req.set_handle(h);
-  req.set_chunk_bytes(16 << 10);  // 64 messages; the window holds 4
-  auto r = stub->Download(ctx.get(), req);
+  SlowDownload d = OpenSlowDownload(server_->port(), h);  // the window holds 4 messages
   v1::DownloadResponse m;
-  ASSERT_TRUE(r->Read(&m));
+  ASSERT_TRUE(d.reader->Read(&m));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the reader stops
   int messages = 1;
-  while (r->Read(&m)) ++messages;
+  while (d.reader->Read(&m)) ++messages;
   EXPECT_LT(messages, 64);
-  EXPECT_EQ(r->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(d.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_EQ(List().tensors_size(), 1);  // the tensor itself stays
 }
 
