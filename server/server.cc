@@ -273,12 +273,6 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
   // Every caller returns once the drain is over (a second one waits for the first: the
   // destructor's call must not free the state under a shutdown still running).
   std::call_once(s_->shutdown_once, [&] {
-    {
-      std::lock_guard<std::mutex> lock(s_->mu);
-      s_->stopping = true;
-    }
-    s_->cv.notify_all();
-    if (s_->sweeper.joinable()) s_->sweeper.join();
     s_->server->GetHealthCheckService()->SetServingStatus(false);
     if (notice_seconds > 0) {
       std::this_thread::sleep_for(
@@ -287,6 +281,14 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
     s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
+    // The sweeper ran until now: a call that stalls during the notice or the drain is
+    // still cancelled, and holds up neither.
+    {
+      std::lock_guard<std::mutex> lock(s_->mu);
+      s_->stopping = true;
+    }
+    s_->cv.notify_all();
+    if (s_->sweeper.joinable()) s_->sweeper.join();
     s_->backend->Shutdown();
   });
 }

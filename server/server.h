@@ -37,7 +37,7 @@ struct ServerOptions {
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;
   // A call waiting this long on its client (the next Upload message, a Download chunk or a
-  // reply not taken) is cancelled (StallWatch); 0 = never.
+  // reply not taken), plus 1 s per MiB in transit, is cancelled (StallWatch); 0 = never.
   double stall_timeout_seconds = 120;
 };
 

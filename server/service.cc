@@ -71,9 +71,9 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   }
   // Held until the reply has gone (the reply's tensor bytes live until then).
   void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
-  // Sends the reply; until it has gone the call waits on its client.
-  void Reply(const grpc::Status& s) {
-    stall_.Waiting();
+  // Sends the reply (`bytes` of tensor data); until it has gone the call waits on its client.
+  void Reply(const grpc::Status& s, int64_t bytes) {
+    stall_.Waiting(bytes);
     Finish(s);
   }
   void OnDone() override {
@@ -173,7 +173,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
       metrics_->RecordCall(record);
       metrics_->CallFinished();
     }
-    reactor->Reply(ToGrpcStatus(s));
+    reactor->Reply(ToGrpcStatus(s), record.bytes_out);
   };
 
   absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
@@ -268,6 +268,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   void OnReadDone(bool ok) override {
     stall_.Working();
+    largest_message_ = std::max(largest_message_, static_cast<int64_t>(msg_.data().size()));
     if (!ok) {  // the client closed its side, or the call broke
       Complete();
       return;
@@ -305,8 +306,9 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
  private:
+  // The next message is allowed as long as the largest so far needs (StallWatch).
   void Read() {
-    stall_.Waiting();
+    stall_.Waiting(largest_message_);
     StartRead(&msg_);
   }
 
@@ -347,6 +349,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   void End(const grpc::Status& s) {
     svc_->RecordOther("Upload", s, written_, 0);
+    stall_.Waiting();
     Finish(s);
   }
 
@@ -358,6 +361,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
+  int64_t largest_message_ = 0;
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 
@@ -443,12 +447,13 @@ class KernelServiceImpl::DownloadReactor final
   }
 
   void Write() {
-    stall_.Waiting();
+    stall_.Waiting(static_cast<int64_t>(msg_.data().size()));
     StartWrite(&msg_);
   }
 
   void End(const grpc::Status& s) {
     svc_->RecordOther("Download", s, 0, sent_);
+    stall_.Waiting();
     Finish(s);
   }
 

@@ -8,11 +8,12 @@ namespace fusebox {
 StallWatch::StallWatch(double timeout_seconds)
     : timeout_ns_(static_cast<int64_t>(timeout_seconds * 1e9)) {}
 
-void StallWatch::Call::Waiting() {
+void StallWatch::Call::Waiting(int64_t bytes) {
   if (watch_ == nullptr || watch_->timeout_ns_ <= 0) return;
-  const int64_t now = SteadyNowNs();
+  const double transit_ns = 1e9 * static_cast<double>(bytes) / kMinClientBytesPerSecond;
+  const int64_t until = SteadyNowNs() + watch_->timeout_ns_ + static_cast<int64_t>(transit_ns);
   std::lock_guard<std::mutex> lock(watch_->mu_);
-  watch_->waiting_[this] = {ctx_, now};
+  watch_->waiting_[this] = {ctx_, until};
 }
 
 void StallWatch::Call::Working() {
@@ -26,7 +27,7 @@ int StallWatch::CancelStalled(int64_t now_ns) {
   int n = 0;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (now_ns - it->second.second > timeout_ns_) {
+    if (now_ns > it->second.second) {
       it->second.first->TryCancel();
       it = waiting_.erase(it);
       ++n;

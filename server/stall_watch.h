@@ -1,8 +1,10 @@
-// StallWatch: cancels a call that has waited on its client for longer than a timeout (an
+// StallWatch: cancels a call that has waited on its client for longer than it should (an
 // Upload's next message, a Download's next chunk, a reply the client does not take), so a
 // stalled or vanished client cannot hold tensor memory or in-flight bytes until its
-// connection ends. A reactor holds a StallWatch::Call and marks when it starts and stops
-// waiting; the server's sweeper calls CancelStalled. Thread-safe.
+// connection ends. A wait may last the timeout plus one second per MiB of the message in
+// transit (a client slower than 1 MiB/s on a message counts as stalled). A reactor holds a
+// StallWatch::Call and marks when it starts and stops waiting; the server's sweeper calls
+// CancelStalled. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,8 @@ namespace fusebox {
 
 class StallWatch {
  public:
+  static constexpr int64_t kMinClientBytesPerSecond = int64_t{1} << 20;
+
   explicit StallWatch(double timeout_seconds);  // 0 = never cancels
   StallWatch(const StallWatch&) = delete;
   StallWatch& operator=(const StallWatch&) = delete;
@@ -27,7 +31,8 @@ class StallWatch {
     ~Call() { Working(); }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
-    void Waiting();  // from now on the call waits on its client
+    // From now on the call waits on its client, to move a message of `bytes`.
+    void Waiting(int64_t bytes = 0);
     void Working();  // it no longer does
 
    private:
@@ -35,17 +40,16 @@ class StallWatch {
     grpc::ServerContextBase* const ctx_;
   };
 
-  // Cancels every call that has waited longer than the timeout at `now_ns` (steady clock);
+  // Cancels every call whose wait has run past its allowance at `now_ns` (steady clock);
   // returns how many.
   int CancelStalled(int64_t now_ns);
-  double timeout_seconds() const { return timeout_ns_ / 1e9; }
 
  private:
   const int64_t timeout_ns_;
   std::mutex mu_;
-  // Waiting calls and since when. TryCancel runs under mu_: a call leaves the map (its
-  // Working, from its reactor's destructor) only once no cancel is touching its context.
-  // gRPC runs no reaction inline from TryCancel, so none can wait on mu_ under it.
+  // Waiting calls and when their allowance ends. TryCancel runs under mu_: a call leaves the
+  // map (its Working, from its reactor's destructor) only once no cancel is touching its
+  // context. gRPC runs no reaction inline from TryCancel, so none can wait on mu_ under it.
   std::unordered_map<const Call*, std::pair<grpc::ServerContextBase*, int64_t>> waiting_;
 };
 

@@ -652,10 +652,12 @@ TEST_F(ServiceTest, ADownloadWhoseReaderStopsIsCancelled) {
 }
 
 // A loopback TCP proxy to a server for one connection, which can stop passing the server's
-// bytes on: a client that takes nothing more, as the server sees it.
+// bytes on (a client that takes nothing more, as the server sees it) or pass them at a set
+// rate (a slow client; 0 = as fast as they come).
 class PausableProxy {
  public:
-  explicit PausableProxy(int server_port) : server_port_(server_port) {
+  explicit PausableProxy(int server_port, int64_t server_bytes_per_second = 0)
+      : server_port_(server_port), rate_(server_bytes_per_second) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -677,9 +679,10 @@ class PausableProxy {
   void Pause(bool paused) { paused_ = paused; }
 
  private:
-  static bool Pass(int from, int to) {  // false: closed
+  // Passes what `from` has, at most `most` bytes; false: closed.
+  static bool Pass(int from, int to, size_t most = 65536) {
     char buf[65536];
-    const ssize_t n = read(from, buf, sizeof buf);
+    const ssize_t n = read(from, buf, std::min(most, sizeof buf));
     if (n <= 0) return false;
     for (ssize_t off = 0; off < n;) {
       const ssize_t w = write(to, buf + off, static_cast<size_t>(n - off));
@@ -705,7 +708,10 @@ class PausableProxy {
         pollfd p[2] = {{client, POLLIN, 0}, {server, static_cast<short>(paused_ ? 0 : POLLIN), 0}};
         if (poll(p, 2, 20) <= 0) continue;
         if ((p[0].revents & (POLLIN | POLLHUP)) && !Pass(client, server)) break;
-        if ((p[1].revents & (POLLIN | POLLHUP)) && !Pass(server, client)) break;
+        if (p[1].revents & (POLLIN | POLLHUP)) {
+          if (!Pass(server, client, rate_ > 0 ? 16384 : 65536)) break;
+          if (rate_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(16384000000 / rate_));
+        }
       }
     }
     close(server);
@@ -713,6 +719,7 @@ class PausableProxy {
   }
 
   const int server_port_;
+  const int64_t rate_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> paused_{false}, stop_{false};
@@ -758,6 +765,51 @@ TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBy
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
   proxy.Pause(false);
   EXPECT_EQ(untaken.Wait().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(ServiceTest, AReplyTakenSteadilyButSlowlyOutlivesTheStallTimeout) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;  // a 2 MiB reply may take 0.3 s + 2 s (1 MiB/s)
+  StartServer(o);
+  PausableProxy proxy(server_->port(), /*server_bytes_per_second=*/2 << 20);  // about 1 s
+  ASSERT_GT(proxy.port(), 0);
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  v1::GeluRequest req = KeptGelu(1 << 19);  // 2 MiB in, 2 MiB out inline
+  req.clear_output_options();
+  auto ctx = Ctx();
+  v1::GeluResponse resp;
+  const auto t0 = std::chrono::steady_clock::now();
+  const grpc::Status s = stub->Gelu(ctx.get(), req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(600));  // slow
+  EXPECT_EQ(resp.output().tensor().data().size(), size_t{2} << 20);
+}
+
+TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.05;
+  StartServer(o);
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());  // 1 MiB
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto upload = stub_->Upload(ctx.get(), &resp);
+  v1::UploadRequest header;  // then nothing more
+  header.set_dtype(v1::FLOAT32);
+  header.add_shape(200000);
+  header.set_data(std::string(4000, 'x'));
+  ASSERT_TRUE(upload->Write(header));
+  SlowDownload d = OpenSlowDownload(server_->port(), h);
+  v1::DownloadResponse m;
+  ASSERT_TRUE(d.reader->Read(&m));  // then it reads no more
+  const auto t0 = std::chrono::steady_clock::now();
+  server_->Shutdown(/*drain_seconds=*/5, /*notice_seconds=*/0.2);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(2500))
+      << "the drain waited for calls stalled on their clients";
+  EXPECT_EQ(upload->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  while (d.reader->Read(&m)) {
+  }
+  EXPECT_EQ(d.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
