@@ -4,6 +4,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <unistd.h>
@@ -155,6 +156,10 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
   return bytes;
 }
 
+int64_t GrpcMemoryQuota(int64_t inflight_bytes, int64_t max_message_bytes) {
+  return std::max(inflight_bytes, 2 * max_message_bytes);
+}
+
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<TensorStore> store;
@@ -225,9 +230,12 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
-  Log("calls in flight: up to %lld MiB of inline tensors; cancelled after %g s waiting on "
-      "their client",
-      static_cast<long long>(request_limits.max_inflight_bytes >> 20), o.stall_timeout_seconds);
+  Log("calls in flight: up to %lld MiB of inline tensors, gRPC's buffers up to %lld MiB; "
+      "cancelled after %g s waiting on their client",
+      static_cast<long long>(request_limits.max_inflight_bytes >> 20),
+      static_cast<long long>(
+          GrpcMemoryQuota(request_limits.max_inflight_bytes, o.max_message_bytes) >> 20),
+      o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);
 
@@ -237,6 +245,13 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &s->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  // gRPC's own memory, requests still arriving included, is held to a quota: under its
+  // pressure gRPC refuses streams (RESOURCE_EXHAUSTED) instead of buffering every request that
+  // arrives at once. As large as the in-flight budget, and at least two of the largest messages.
+  grpc::ResourceQuota quota("fusebox");
+  quota.Resize(static_cast<size_t>(GrpcMemoryQuota(request_limits.max_inflight_bytes,
+                                                   o.max_message_bytes)));
+  builder.SetResourceQuota(quota);
   builder.RegisterService(s->service.get());
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0) {

@@ -451,6 +451,77 @@ def test_sigterm_makes_server_exit_zero():
         s.kill()
 
 
+def _rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmRSS"))
+
+
+def _push_unfinished_requests(port, streams, request_bytes, seconds):
+    """Opens `streams` Gelu calls on one raw HTTP/2 connection and sends each all but the last
+    byte of a `request_bytes` message, as fast as flow control lets, for `seconds`; yields,
+    after every round, the ids of the streams the server reset and the bytes it took."""
+    import select
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+    sock = socket.create_connection(("127.0.0.1", port))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    left, reset = {}, set()
+    for _ in range(streams):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
+                                (":path", "/fusebox.v1.KernelService/Gelu"),
+                                (":authority", "localhost"), ("content-type", "application/grpc"),
+                                ("te", "trailers")])
+        conn.send_data(sid, b"\0" + request_bytes.to_bytes(4, "big"))  # gRPC's message prefix
+        left[sid] = request_bytes - 1
+    chunk = bytes(16384)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for sid in left:
+            while sid not in reset and left[sid] > 0:
+                n = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size,
+                        left[sid], len(chunk))
+                if n <= 0:
+                    break
+                conn.send_data(sid, chunk[:n])
+                left[sid] -= n
+        sock.sendall(conn.data_to_send())
+        if select.select([sock], [], [], 0.005)[0]:
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.StreamReset):
+                    reset.add(ev.stream_id)
+            sock.sendall(conn.data_to_send())
+        yield reset, sum(request_bytes - 1 - v for v in left.values())
+    sock.close()
+
+
+def test_requests_left_unfinished_are_refused_not_buffered():
+    # 32 requests of 15 MiB, each sent but for its last byte: 480 MiB that gRPC would hold
+    # until the connection ends. Its memory quota (here 2 x 16 MiB) resets them instead.
+    pytest.importorskip("h2")
+    s = Server("--max_message_bytes=16777216", "--inflight_mib=16", "--malloc_retain_mib=0")
+    try:
+        pid = s.proc.pid
+        idle = peak = _rss_mib(pid)
+        reset, took = set(), 0
+        for reset, took in _push_unfinished_requests(int(s.address.split(":")[1]), 32, 15 << 20, 4):
+            peak = max(peak, _rss_mib(pid))
+        assert len(reset) >= 24, (len(reset), took >> 20)
+        assert peak - idle < 200, f"the server grew {peak - idle} MiB for {took >> 20} MiB sent"
+        with Client(s.address) as c:
+            expect_still_serving(c)
+    finally:
+        s.kill()
+
+
 @pytest.mark.parametrize("flag, says", [
     ("--queue_capacity=-1", "--queue_capacity must be >= 1"),
     ("--workers=0", "--workers must be >= 1"),
