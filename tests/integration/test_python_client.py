@@ -459,14 +459,15 @@ def _rss_mib(pid):
 def _push_unfinished_requests(port, streams, request_bytes, seconds):
     """Opens `streams` Gelu calls on one raw HTTP/2 connection and sends each all but the last
     byte of a `request_bytes` message, as fast as flow control lets, for `seconds`; yields,
-    after every round, the ids of the streams the server reset and the bytes it took."""
+    after every round, the ids of the streams the server reset (all, once it closes the
+    connection) and the bytes it took."""
     import select
     import socket
 
     import h2.config
     import h2.connection
     import h2.events
-    import h2.settings
+    import h2.exceptions
     sock = socket.create_connection(("127.0.0.1", port))
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
@@ -495,9 +496,22 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
             data = sock.recv(1 << 20)
             if not data:
                 break
-            for ev in conn.receive_data(data):
+            try:
+                events = conn.receive_data(data)
+            except h2.exceptions.ProtocolError:  # frames after a GOAWAY in the same read
+                if conn.state_machine.state != h2.connection.ConnectionState.CLOSED:
+                    raise
+                events = [h2.events.ConnectionTerminated()]
+            closed = False
+            for ev in events:
                 if isinstance(ev, h2.events.StreamReset):
                     reset.add(ev.stream_id)
+                elif isinstance(ev, h2.events.ConnectionTerminated):  # GOAWAY: all of them
+                    reset.update(left)
+                    closed = True
+            if closed:
+                yield reset, sum(request_bytes - 1 - v for v in left.values())
+                break
             sock.sendall(conn.data_to_send())
         yield reset, sum(request_bytes - 1 - v for v in left.values())
     sock.close()
