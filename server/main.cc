@@ -60,7 +60,8 @@ ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
           "largest tensor Upload accepts, MiB");
 ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
-          "or running); a call past it is RESOURCE_EXHAUSTED (a call alone always fits); "
+          "or running) and the messages of Uploads and Downloads under way; a call past it "
+          "is RESOURCE_EXHAUSTED (a call alone always fits); "
           "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
           "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
           "memory limit if less");

@@ -24,9 +24,10 @@ struct RequestLimits {
 };
 
 // Host memory held by the inline tensors of calls accepted and not yet answered (their
-// requests, and their replies built in place, while queued or running). A call that would
-// pass the limit is RESOURCE_EXHAUSTED before its output is allocated, so queued calls
-// cannot take more memory than the host has. Thread-safe.
+// requests, and their replies built in place, while queued or running), and by the messages
+// of transfers under way. A call that would pass the limit is RESOURCE_EXHAUSTED before its
+// output is allocated, so queued calls cannot take more memory than the host has.
+// Thread-safe.
 class InflightBytes {
  public:
   explicit InflightBytes(int64_t limit);

@@ -110,6 +110,19 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
 
 int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
 
+absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(int64_t bytes,
+                                                                         const char* what) const {
+  if (inflight_ == nullptr) return std::shared_ptr<void>();
+  std::shared_ptr<void> token = inflight_->TryReserve(bytes);
+  if (token == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds ", inflight_->used(), " bytes for calls in flight, and this ", what,
+        " needs ", bytes, " more for its messages (limit ", inflight_->limit(),
+        ", --inflight_mib); retry later, or send smaller chunks"));
+  }
+  return token;
+}
+
 absl::StatusOr<RequestContext> KernelServiceImpl::Context(
     const grpc::CallbackServerContext& ctx) const {
   auto tenant = auth_->TenantOf(ctx);
@@ -287,6 +300,13 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       Read();
       return;
     }
+    if (n > held_bytes_) {  // this message, in host memory until it is copied in
+      held_.reset();
+      auto token = svc_->ReserveTransfer(n, "upload");
+      if (!token.ok()) return Fail(token.status());
+      held_ = *std::move(token);
+      held_bytes_ = n;
+    }
     svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
                                 msg_.data().data(), static_cast<size_t>(n), SteadyNowNs(),
                                 [this, n](absl::Status s, const OpTiming&) {
@@ -362,6 +382,8 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
   int64_t largest_message_ = 0;
+  std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
+  int64_t held_bytes_ = 0;
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 
@@ -405,6 +427,13 @@ class KernelServiceImpl::DownloadReactor final
     const int64_t header = static_cast<int64_t>(msg_.tensor().ByteSizeLong());
     chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
                        kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});
+    // A chunk is in host memory twice while it is sent: ours, and gRPC's serialized copy.
+    auto token = svc_->ReserveTransfer(2 * std::min(chunk_, tensor_->bytes), "download");
+    if (!token.ok()) {
+      End(ToGrpcStatus(token.status()));
+      return;
+    }
+    held_ = *std::move(token);
     Next();
   }
 
@@ -462,6 +491,7 @@ class KernelServiceImpl::DownloadReactor final
   v1::DownloadResponse msg_;
   int64_t chunk_ = kDefaultChunkBytes;
   int64_t sent_ = 0;
+  std::shared_ptr<void> held_;  // in-flight budget for the chunk's two copies
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 

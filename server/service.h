@@ -62,6 +62,9 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
                    int64_t bytes_out) const;
   grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
                         v1::ListTensorsResponse* resp) const;
+  // Reserves `bytes` of the in-flight budget for a transfer's message buffers: a token to
+  // hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op: the common body of the four op methods.

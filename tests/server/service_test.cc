@@ -812,6 +812,43 @@ TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
   EXPECT_EQ(d.reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
+TEST_F(ServiceTest, TransfersPastTheInflightLimitAreResourceExhaustedUntilOthersEnd) {
+  ServerOptions o;
+  o.inflight_bytes = 6 << 20;
+  StartServer(o);
+  const auto a = RandomFloats(1 << 20);  // 4 MiB
+  std::string h;
+  ASSERT_TRUE(Upload(a, {1 << 20}, v1::FLOAT32, &h).ok());
+
+  // A Download in 2 MiB chunks holds 4 MiB of the 6 (a chunk and gRPC's copy of it) until
+  // it ends; its reader takes nothing yet.
+  auto stub = StubWithoutBdpProbing(server_->port());
+  auto ctx = Ctx();
+  v1::DownloadRequest req;
+  req.set_handle(h);
+  req.set_chunk_bytes(2 << 20);
+  auto first = stub->Download(ctx.get(), req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // it has started
+  std::string data;
+  grpc::Status s = Download(h, &data, "", 2 << 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("--inflight_mib"), std::string::npos) << s.error_message();
+  // So does an Upload's message meanwhile; nothing of it is kept.
+  std::string h2;
+  s = Upload(a, {1 << 20}, v1::FLOAT32, &h2, "", 4 << 20);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(List().tensors_size(), 1);
+
+  v1::DownloadResponse m;
+  std::string got;
+  while (first->Read(&m)) got += m.data();
+  ASSERT_TRUE(first->Finish().ok());
+  EXPECT_EQ(got, std::string(a.begin(), a.end()));
+  // Once it has ended, both fit.
+  EXPECT_TRUE(Download(h, &data, "", 2 << 20).ok());
+  EXPECT_TRUE(Upload(a, {1 << 20}, v1::FLOAT32, &h2, "", 4 << 20).ok());
+}
+
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
   StartServer({});
   const int64_t m = 37, k = 53, n = 129;
