@@ -58,6 +58,9 @@ ABSL_FLAG(int64_t, store_budget_mib, 0,
 ABSL_FLAG(int64_t, tenant_quota_mib, 0, "memory for held tensors per tenant; 0 = the budget");
 ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
           "largest tensor Upload accepts, MiB");
+ABSL_FLAG(int64_t, max_tensors, kDefaults.max_tensors,
+          "tensors held at once, all tenants (each costs about 0.6 KB of host memory besides "
+          "its bytes); past it Upload and kept outputs are RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
           "or running) and the messages of Uploads and Downloads under way; a call past it "
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
   o.store_budget_bytes = bytes(budget_mib);
   o.tenant_quota_bytes = bytes(quota_mib);
   o.max_tensor_bytes = bytes(max_tensor_mib);
+  o.max_tensors = absl::GetFlag(FLAGS_max_tensors);
   o.inflight_bytes = bytes(inflight_mib);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
@@ -156,6 +160,7 @@ int main(int argc, char** argv) {
     bad = absl::StrCat(
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
   }
+  if (o.max_tensors < 1) bad = "--max_tensors must be >= 1";
   if (o.inflight_bytes < 0) bad = absl::StrCat("--inflight_mib must be in 0..", kMaxMib);
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     bad = "--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)";

@@ -120,6 +120,7 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   }
   l.tenant_quota_bytes = o.tenant_quota_bytes == 0 ? l.budget_bytes : o.tenant_quota_bytes;
   l.max_tensor_bytes = o.max_tensor_bytes;
+  l.max_tensors = o.max_tensors;
   l.idle_expiry_seconds = o.idle_expiry_seconds;
   return l;
 }
@@ -209,9 +210,11 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
 
   const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
   s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
-  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, idle expiry %g s",
+  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors, idle "
+      "expiry %g s",
       static_cast<long long>(limits.budget_bytes >> 20),
-      static_cast<long long>(limits.tenant_quota_bytes >> 20), limits.idle_expiry_seconds);
+      static_cast<long long>(limits.tenant_quota_bytes >> 20),
+      static_cast<long long>(limits.max_tensors), limits.idle_expiry_seconds);
 
   if (!o.metrics_address.empty()) {
     auto m = Metrics::Start(o.metrics_address, s->backend.get());

@@ -31,6 +31,7 @@ std::string NewHandle() {
 struct TensorStore::Accounts {
   std::mutex mu;
   int64_t used = 0;
+  int64_t tensors = 0;
   std::map<std::string, int64_t> by_tenant;
 };
 
@@ -62,8 +63,14 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
           absl::StrCat("the server's tensor memory is full (", accounts_->used, " of ",
                        limits_.budget_bytes, " bytes in use; asked for ", bytes, ")"));
     }
+    if (accounts_->tensors >= limits_.max_tensors) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", accounts_->tensors, " tensors, its limit (--max_tensors); free "
+          "tensors first"));
+    }
     mine += bytes;
     accounts_->used += bytes;
+    ++accounts_->tensors;
   }
   // From here the reservation is returned whenever the tensor goes away.
   std::weak_ptr<Accounts> weak = accounts_;
@@ -71,6 +78,7 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
     if (auto acc = weak.lock()) {
       std::lock_guard<std::mutex> lock(acc->mu);
       acc->used -= bytes;
+      --acc->tensors;
       if ((acc->by_tenant[tenant] -= bytes) == 0) acc->by_tenant.erase(tenant);
     }
   });

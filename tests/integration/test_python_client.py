@@ -545,6 +545,7 @@ def test_requests_left_unfinished_are_refused_not_buffered():
     ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--inflight_mib=-1", "--inflight_mib must be in 0..8796093022207"),
+    ("--max_tensors=0", "--max_tensors must be >= 1"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
     ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
     ("--drain_seconds=nan", "--stall_timeout_s must be in 0..86400"),

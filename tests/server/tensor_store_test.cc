@@ -42,6 +42,25 @@ TEST_F(TensorStoreTest, FullBudgetIsResourceExhaustedAndKeepsStoredTensors) {
   EXPECT_EQ(s.stats().bytes, 800);
 }
 
+TEST_F(TensorStoreTest, TensorsPastTheCountLimitAreResourceExhaustedEmptyOnesToo) {
+  StoreLimits l = Limits(1000, 1000);
+  l.max_tensors = 3;  // empty tensors use no budget, but each costs host memory
+  TensorStore s(backend_.get(), l);
+  const std::string a = Put(s, "x", 0);
+  Put(s, "y", 0);
+  auto uncommitted = s.Create("x", DType::kFloat32, {1});
+  ASSERT_TRUE(uncommitted.ok());
+  auto over = s.Create("y", DType::kFloat32, {0});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(over.status().message()).find("--max_tensors"), std::string::npos)
+      << over.status();
+  uncommitted->reset();
+  EXPECT_TRUE(s.Create("y", DType::kFloat32, {0}).ok());  // dropped: room again
+  ASSERT_TRUE(s.Free("x", a).ok());
+  EXPECT_TRUE(s.Create("y", DType::kFloat32, {0}).ok());  // freed: room again
+  EXPECT_EQ(s.stats().count, 1);
+}
+
 TEST_F(TensorStoreTest, TenantQuotaIsEnforcedPerTenant) {
   TensorStore s(backend_.get(), Limits(10000, 1000));
   Put(s, "x", 200);
