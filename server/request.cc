@@ -113,8 +113,9 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
                             " for inline results; keep it on the server and Download it"));
   }
   if (ctx.inflight != nullptr) {
-    // The request's inline inputs, and the output where the host holds it.
-    const int64_t held = p->bytes_in + (on_host ? bytes : 0);
+    // The request's inline inputs, and the output where the host holds it: twice, as gRPC
+    // serializes its own copy of the reply.
+    const int64_t held = p->bytes_in + (on_host ? 2 * bytes : 0);
     p->inflight = ctx.inflight->TryReserve(held);
     if (p->inflight == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(

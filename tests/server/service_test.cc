@@ -740,7 +740,7 @@ TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBy
     ASSERT_TRUE(stub->ListTensors(ctx.get(), v1::ListTensorsRequest(), &list).ok());
   }
   proxy.Pause(true);
-  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline: 2 of the 3 MiB
+  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline twice: all of the 3 MiB
   const auto x = RandomFloats(1 << 18);
   req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
   req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
@@ -1367,16 +1367,16 @@ TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthe
   TensorStore store(&backend, StoreLimits{});
   const Authenticator open;
   RequestLimits limits;
-  limits.max_inflight_bytes = 12000;
+  limits.max_inflight_bytes = 16000;
   KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, limits);
   LoopbackServer loopback(&service);
   ASSERT_TRUE(loopback.ok());
-  v1::GeluRequest inline_gelu = KeptGelu(1000);  // 4000 bytes in, and 4000 out inline
+  v1::GeluRequest inline_gelu = KeptGelu(1000);  // 4000 bytes in, 4000 out inline (twice)
   inline_gelu.clear_output_options();
 
   grpc::ClientContext c1;
   PendingGelu first(*loopback.stub, &c1, inline_gelu);
-  backend.WaitUntilHolding(1);  // 8000 of 12000 held
+  backend.WaitUntilHolding(1);  // 12000 of 16000 held
   grpc::ClientContext c2;
   PendingGelu second(*loopback.stub, &c2, inline_gelu);
   const grpc::Status refused = second.Wait();
