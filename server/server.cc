@@ -157,6 +157,8 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
   return bytes;
 }
 
+constexpr int kMaxSyncThreads = 32;
+
 int64_t GrpcMemoryQuota(int64_t inflight_bytes, int64_t max_message_bytes) {
   return std::max(inflight_bytes, 2 * max_message_bytes);
 }
@@ -254,6 +256,9 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   grpc::ResourceQuota quota("fusebox");
   quota.Resize(static_cast<size_t>(GrpcMemoryQuota(request_limits.max_inflight_bytes,
                                                    o.max_message_bytes)));
+  // Threads of the synchronous services (reflection: each open stream holds one; our own
+  // service is on the callback API and needs none of them).
+  quota.SetMaxThreads(kMaxSyncThreads);
   builder.SetResourceQuota(quota);
   builder.RegisterService(s->service.get());
   s->server = builder.BuildAndStart();

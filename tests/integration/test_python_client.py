@@ -536,6 +536,41 @@ def test_requests_left_unfinished_are_refused_not_buffered():
         s.kill()
 
 
+def _threads(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("Threads"))
+
+
+def test_open_reflection_streams_take_a_bounded_number_of_threads():
+    # Reflection is a synchronous service: each open stream holds a thread. 200 streams left
+    # open on one connection take at most the quota's 32, and the server keeps serving.
+    pytest.importorskip("h2")
+    import socket
+
+    import h2.config
+    import h2.connection
+    s = Server()
+    try:
+        before = _threads(s.proc.pid)
+        sock = socket.create_connection(("127.0.0.1", int(s.address.split(":")[1])))
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        for _ in range(200):
+            conn.send_headers(conn.get_next_available_stream_id(), [
+                (":method", "POST"), (":scheme", "http"), (":authority", "localhost"),
+                (":path", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+                ("content-type", "application/grpc"), ("te", "trailers")])
+        sock.sendall(conn.data_to_send())
+        time.sleep(2)
+        grew = _threads(s.proc.pid) - before
+        assert grew <= 40, f"{grew} more threads for 200 open reflection streams"
+        with Client(s.address) as c:
+            expect_still_serving(c)
+        sock.close()
+    finally:
+        s.kill()
+
+
 @pytest.mark.parametrize("flag, says", [
     ("--queue_capacity=-1", "--queue_capacity must be >= 1"),
     ("--workers=0", "--workers must be >= 1"),
