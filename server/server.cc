@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <grpc/support/log.h>
+#include <sys/resource.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <unistd.h>
@@ -41,6 +43,39 @@ sem_t g_shutdown_sem;
 void OnShutdownSignal(int sig) {
   g_shutdown_signal.store(sig);
   sem_post(&g_shutdown_sem);  // async-signal-safe
+}
+
+// gRPC 1.51's listener stops for good after an accept fails (grpc/grpc#20418; out of file
+// descriptors, for one): new connections then hang while the process looks alive. Its log line
+// is the only sign, so this hook turns it into a drain and an exit that is not 0, for the
+// supervisor (Kubernetes, systemd) to restart the server.
+constexpr int kListenerFailed = -1;  // in g_shutdown_signal
+
+void OnGrpcLog(gpr_log_func_args* args) {
+  const char* severity = args->severity == GPR_LOG_SEVERITY_ERROR  ? "E"
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? "I"
+                                                                   : "D";
+  Log("grpc %s %s:%d] %s", severity, args->file, args->line, args->message);
+  if (std::strstr(args->message, "Failed accept") != nullptr) {
+    int none = 0;
+    if (g_shutdown_signal.compare_exchange_strong(none, kListenerFailed)) sem_post(&g_shutdown_sem);
+  }
+}
+
+// As many file descriptors as the hard limit allows (often 1024 of 1048576 in containers):
+// each connection takes one, and running out stops the listener (above).
+void RaiseFileLimit() {
+  rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0) return;
+  const rlim_t want = r.rlim_max == RLIM_INFINITY ? rlim_t{1} << 20 : r.rlim_max;
+  if (r.rlim_cur < want) {
+    r.rlim_cur = want;
+    setrlimit(RLIMIT_NOFILE, &r);
+  }
+  if (getrlimit(RLIMIT_NOFILE, &r) == 0) {
+    Log("file descriptors: up to %llu (one per connection)",
+        static_cast<unsigned long long>(r.rlim_cur));
+  }
 }
 
 }  // namespace
@@ -317,6 +352,8 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
 }
 
 absl::Status RunServer(const ServerOptions& o) {
+  RaiseFileLimit();
+  gpr_set_log_function(OnGrpcLog);
   auto server = FuseboxServer::Start(o);
   if (!server.ok()) return server.status();
   // HOST:PORT with the port chosen; a socket address as given.
@@ -332,10 +369,18 @@ absl::Status RunServer(const ServerOptions& o) {
   }  // EINTR: another signal's handler ran on this thread
   const int sig = g_shutdown_signal.load();
   Log("%s: NOT_SERVING; serving %.1f s more, then draining (up to %.0f s)",
-      sig == SIGTERM ? "SIGTERM" : "SIGINT", o.shutdown_notice_seconds, o.drain_seconds);
+      sig == SIGTERM         ? "SIGTERM"
+      : sig == SIGINT        ? "SIGINT"
+                             : "the gRPC listener failed and accepts no more connections",
+      o.shutdown_notice_seconds, o.drain_seconds);
   (*server)->Shutdown(o.drain_seconds, o.shutdown_notice_seconds);
   server->reset();
   Log("stopped");
+  if (sig == kListenerFailed) {
+    return absl::UnavailableError(
+        "the gRPC listener failed (out of file descriptors?) and accepts no more connections; "
+        "exiting for a restart");
+  }
   return absl::OkStatus();
 }
 

@@ -536,6 +536,30 @@ def test_requests_left_unfinished_are_refused_not_buffered():
         s.kill()
 
 
+def test_a_listener_out_of_file_descriptors_makes_the_server_exit_for_a_restart():
+    # gRPC 1.51 accepts no connection ever again after an accept fails (here: out of file
+    # descriptors, the server held to 48); the server drains and exits 1 instead of hanging on.
+    import resource
+    import socket
+    s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
+    socks = []
+    try:
+        port = int(s.address.split(":")[1])
+        for _ in range(80):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            except OSError:
+                break
+        time.sleep(0.5)
+        for k in socks:  # the server's descriptors come back; its listener does not
+            k.close()
+        assert s.proc.wait(30) == 1
+    finally:
+        for k in socks:
+            k.close()
+        s.kill()
+
+
 def _threads(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("Threads"))
