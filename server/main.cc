@@ -59,7 +59,7 @@ ABSL_FLAG(int64_t, tenant_quota_mib, 0, "memory for held tensors per tenant; 0 =
 ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
           "largest tensor Upload accepts, MiB");
 ABSL_FLAG(int64_t, max_tensors, kDefaults.max_tensors,
-          "tensors held at once, all tenants (each costs about 0.6 KB of host memory besides "
+          "tensors held at once, all tenants (each costs 0.6-1.5 KB of host memory besides "
           "its bytes); past it Upload and kept outputs are RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "

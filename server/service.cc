@@ -59,8 +59,9 @@ absl::StatusOr<PreparedCall> Prepare(const v1::MatmulReluRequest& r, const Reque
   return PrepareMatmulRelu(r, c, o);
 }
 
-// An op call's reactor: gives back a kept output whose handle never reached the caller
-// (the call was cancelled or passed its deadline after the output was committed).
+// A unary call's reactor (the ops, ListTensors): holds the call's in-flight budget and
+// watches its reply until it has gone, and gives back a kept output whose handle never
+// reached the caller (the call was cancelled or passed its deadline after the commit).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
   OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx)
@@ -525,10 +526,24 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerCon
                                                          const v1::ListTensorsRequest* req,
                                                          v1::ListTensorsResponse* resp) {
   StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  // A listing can be large (a tenant's every tensor and shape): it holds in-flight budget for
+  // itself and gRPC's copy, and the stall watch ends it if the client does not take it.
+  auto* reactor = new OpReactor(store_, &stalls_, ctx);
   grpc::Status status = ListInto(*ctx, *req, resp);
+  const int64_t bytes = status.ok() ? static_cast<int64_t>(resp->ByteSizeLong()) : 0;
+  if (bytes > limits_.max_output_bytes) {
+    status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("the listing would be ", bytes, " bytes, over the ",
+                                       limits_.max_output_bytes,
+                                       " a reply may hold; ask for one handle at a time"));
+  } else if (auto token = ReserveTransfer(2 * bytes, "listing"); !token.ok()) {
+    status = ToGrpcStatus(token.status());
+  } else {
+    reactor->Hold(*std::move(token));
+  }
+  if (!status.ok()) resp->Clear();
   RecordOther("ListTensors", status, 0, 0);
-  reactor->Finish(status);
+  reactor->Reply(status, bytes);
   return reactor;
 }
 

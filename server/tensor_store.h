@@ -25,7 +25,7 @@ struct StoreLimits {
   int64_t tenant_quota_bytes = int64_t{8} << 30;  // each tenant
   int64_t max_tensor_bytes = int64_t{8} << 30;    // one tensor
   double idle_expiry_seconds = 3600;              // unused this long: freed; 0 = never
-  // Tensors at once, all tenants, uncommitted ones included: each also costs about 0.6 KB of
+  // Tensors at once, all tenants, uncommitted ones included: each also costs 0.6-1.5 KB of
   // host memory, which its bytes (0 for an empty one) do not count.
   int64_t max_tensors = 1000000;
 };

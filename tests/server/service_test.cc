@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <random>
 #include <set>
@@ -765,6 +766,79 @@ TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBy
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
   proxy.Pause(false);
   EXPECT_EQ(untaken.Wait().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(ServiceTest, AListingTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBytes) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;
+  o.inflight_bytes = 3 << 20;
+  StartServer(o);
+  // 1600 empty tensors of 64 axes: a listing of about 1 MiB, which holds twice that.
+  std::vector<int64_t> shape(64, int64_t{1} << 62);
+  shape[0] = 0;
+  for (int i = 0; i < 1600; ++i) {
+    ASSERT_TRUE(Upload({}, shape, v1::FLOAT32, nullptr).ok());
+  }
+  PausableProxy proxy(server_->port());
+  ASSERT_GT(proxy.port(), 0);
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  {
+    auto ctx = Ctx();  // the connection, before the proxy stops passing the server's bytes
+    v1::FreeTensorResponse freed;
+    v1::FreeTensorRequest none;
+    none.set_handle("none");
+    stub->FreeTensor(ctx.get(), none, &freed);
+  }
+  proxy.Pause(true);
+  auto untaken_ctx = Ctx();
+  v1::ListTensorsResponse untaken;
+  std::promise<grpc::Status> untaken_status;
+  stub->async()->ListTensors(untaken_ctx.get(), new v1::ListTensorsRequest(), &untaken,
+                             [&](grpc::Status s) { untaken_status.set_value(s); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it has been answered
+  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline twice: all of the 3 MiB
+  const auto x = RandomFloats(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_data(x.data(), x.size());
+  grpc::Status other;
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {  // up to 5 s
+    auto ctx = Ctx();
+    v1::GeluResponse resp;
+    other = stub_->Gelu(ctx.get(), req, &resp);
+    if (other.ok()) break;
+    EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
+    ++refused;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(other.ok()) << "the untaken listing still holds its bytes: "
+                          << other.error_message();
+  EXPECT_GE(refused, 1);  // it did hold them while it waited
+  proxy.Pause(false);
+  EXPECT_EQ(untaken_status.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(List().tensors_size(), 1600);  // a listing the client takes is whole
+}
+
+TEST_F(ServiceTest, AListingPastTheMessageLimitAsksForOneHandleAtATime) {
+  ServerOptions o;
+  o.max_message_bytes = 64 << 10;
+  StartServer(o);
+  std::vector<int64_t> shape(64, int64_t{1} << 62);  // about 650 bytes listed each
+  shape[0] = 0;
+  std::string h;
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(Upload({}, shape, v1::FLOAT32, &h).ok());
+  auto ctx = Ctx();
+  v1::ListTensorsResponse all;
+  const grpc::Status s = stub_->ListTensors(ctx.get(), v1::ListTensorsRequest(), &all);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("one handle at a time"), std::string::npos) << s.error_message();
+  auto ctx1 = Ctx();
+  v1::ListTensorsRequest one;
+  one.set_handle(h);
+  v1::ListTensorsResponse listed;
+  ASSERT_TRUE(stub_->ListTensors(ctx1.get(), one, &listed).ok());
+  EXPECT_EQ(listed.tensors_size(), 1);
 }
 
 TEST_F(ServiceTest, AReplyTakenSteadilyButSlowlyOutlivesTheStallTimeout) {
