@@ -405,8 +405,10 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& addre
   if (backend == nullptr) return absl::InvalidArgumentError("Metrics::Start: no backend");
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
-    // Two HTTP threads: a scrape never waits behind another one.
-    exposer = std::make_unique<prometheus::Exposer>(address, 2);
+    // Eight HTTP threads, so that a scrape does not wait behind another one or behind a few
+    // clients stalled mid-request; a request that sends nothing for 10 s is dropped.
+    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "10000"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("--metrics_address: cannot serve /metrics on ", address, ": ", e.what()));

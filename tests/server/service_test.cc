@@ -1136,9 +1136,12 @@ int FreePort() {
   return port;
 }
 
-// The body of GET http://127.0.0.1:port/path (HTTP/1.0: the server closes).
+// The body of GET http://127.0.0.1:port/path (HTTP/1.0: the server closes); empty if it
+// does not answer within 10 s.
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const timeval wait{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -1177,6 +1180,28 @@ double MetricValue(const std::string& text, const std::string& name,
 // OpTiming: for every phase, launch included, /metrics counts each call once
 // and sums what the responses said (launch_us is 0 on the CPU backend, but
 // the series is there and counts the calls).
+TEST_F(ServiceTest, MetricsAreServedWhileClientsStallMidRequest) {
+  const int metrics_port = StartServerWithMetrics();
+  if (metrics_port == 0) GTEST_SKIP() << "no free port for /metrics";
+  std::vector<int> stalled;  // half a request line each, then nothing
+  for (int i = 0; i < 3; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(metrics_port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(write(fd, "GET /metr", 9), 9);
+    stalled.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string body = HttpGet(metrics_port, "/metrics");
+  EXPECT_NE(body.find("fusebox_calls_in_flight"), std::string::npos);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  for (int fd : stalled) close(fd);
+}
+
 TEST_F(ServiceTest, MetricsPhasesMatchTheResponsesTimingLaunchIncluded) {
   const int metrics_port = StartServerWithMetrics();
   ASSERT_GT(metrics_port, 0);
