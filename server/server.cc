@@ -193,6 +193,7 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
 }
 
 constexpr int kMaxSyncThreads = 32;
+constexpr int kMaxStreamsPerConnection = 1000;
 
 int64_t GrpcMemoryQuota(int64_t inflight_bytes, int64_t max_message_bytes) {
   return std::max(inflight_bytes, 2 * max_message_bytes);
@@ -295,6 +296,9 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // service is on the callback API and needs none of them).
   quota.SetMaxThreads(kMaxSyncThreads);
   builder.SetResourceQuota(quota);
+  // A stream costs gRPC about 12 KB until its request is whole, outside the quota: at most
+  // this many at once on one connection (a client past it waits for one to end).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
   builder.RegisterService(s->service.get());
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0) {

@@ -560,6 +560,31 @@ def test_a_listener_out_of_file_descriptors_makes_the_server_exit_for_a_restart(
         s.kill()
 
 
+def test_a_connection_may_open_at_most_1000_streams_at_once():
+    # Streams whose requests never finish cost gRPC memory until their connection ends.
+    pytest.importorskip("h2")
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    s = Server()
+    try:
+        sock = socket.create_connection(("127.0.0.1", int(s.address.split(":")[1])), timeout=10)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        settings = None
+        while settings is None:
+            for ev in conn.receive_data(sock.recv(65536)):
+                if isinstance(ev, h2.events.RemoteSettingsChanged):
+                    settings = ev
+        assert conn.remote_settings.max_concurrent_streams == 1000
+        sock.close()
+    finally:
+        s.kill()
+
+
 def _threads(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("Threads"))
