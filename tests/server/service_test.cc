@@ -727,6 +727,48 @@ class PausableProxy {
   std::thread thread_;
 };
 
+// A stub through `proxy`, its connection made before the proxy stops passing the server's
+// bytes on.
+std::unique_ptr<KernelService::Stub> ConnectThenPause(PausableProxy& proxy) {
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::FreeTensorRequest none;
+  none.set_handle("none");
+  v1::FreeTensorResponse freed;
+  stub->FreeTensor(&ctx, none, &freed);  // NOT_FOUND, over the connection
+  proxy.Pause(true);
+  return stub;
+}
+
+// Gelu on 1 MiB inline: 1 MiB in, 1 MiB out held twice (3 MiB of the in-flight budget).
+v1::GeluRequest InlineGelu1MiB() {
+  v1::GeluRequest req;
+  const auto x = RandomFloats(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
+  req.mutable_input()->mutable_tensor()->set_data(x.data(), x.size());
+  return req;
+}
+
+// Calls `req` until the server has room for it (RESOURCE_EXHAUSTED until then), 5 s at most;
+// returns the last status and counts the refusals in *refused.
+grpc::Status GeluOnceThereIsRoom(KernelService::Stub& stub, const v1::GeluRequest& req,
+                                 int* refused) {
+  grpc::Status s;
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::GeluResponse resp;
+    s = stub.Gelu(&ctx, req, &resp);
+    if (s.ok()) break;
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    ++*refused;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return s;
+}
+
 TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBytes) {
   ServerOptions o;
   o.stall_timeout_seconds = 0.3;
@@ -734,33 +776,14 @@ TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBy
   StartServer(o);
   PausableProxy proxy(server_->port());
   ASSERT_GT(proxy.port(), 0);
-  auto stub = StubWithoutBdpProbing(proxy.port());
-  {
-    auto ctx = Ctx();  // the connection, before the proxy stops passing the server's bytes
-    v1::ListTensorsResponse list;
-    ASSERT_TRUE(stub->ListTensors(ctx.get(), v1::ListTensorsRequest(), &list).ok());
-  }
-  proxy.Pause(true);
-  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline twice: all of the 3 MiB
-  const auto x = RandomFloats(1 << 18);
-  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
-  req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
-  req.mutable_input()->mutable_tensor()->set_data(x.data(), x.size());
+  auto stub = ConnectThenPause(proxy);
+  const v1::GeluRequest req = InlineGelu1MiB();
   auto untaken_ctx = Ctx();
   PendingGelu untaken(*stub, untaken_ctx.get(), req);
   const auto t0 = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its request has arrived
-  grpc::Status other;
   int refused = 0;
-  for (int i = 0; i < 100; ++i) {  // up to 5 s
-    auto ctx = Ctx();
-    v1::GeluResponse resp;
-    other = stub_->Gelu(ctx.get(), req, &resp);
-    if (other.ok()) break;
-    EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
-    ++refused;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const grpc::Status other = GeluOnceThereIsRoom(*stub_, req, &refused);
   EXPECT_TRUE(other.ok()) << "the untaken reply still holds its bytes: " << other.error_message();
   EXPECT_GE(refused, 1);  // it did hold them while it waited
   EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
@@ -781,37 +804,16 @@ TEST_F(ServiceTest, AListingTheClientDoesNotTakeIsCancelledAndReturnsItsInflight
   }
   PausableProxy proxy(server_->port());
   ASSERT_GT(proxy.port(), 0);
-  auto stub = StubWithoutBdpProbing(proxy.port());
-  {
-    auto ctx = Ctx();  // the connection, before the proxy stops passing the server's bytes
-    v1::FreeTensorResponse freed;
-    v1::FreeTensorRequest none;
-    none.set_handle("none");
-    stub->FreeTensor(ctx.get(), none, &freed);
-  }
-  proxy.Pause(true);
+  auto stub = ConnectThenPause(proxy);
   auto untaken_ctx = Ctx();
+  const v1::ListTensorsRequest all;
   v1::ListTensorsResponse untaken;
   std::promise<grpc::Status> untaken_status;
-  stub->async()->ListTensors(untaken_ctx.get(), new v1::ListTensorsRequest(), &untaken,
+  stub->async()->ListTensors(untaken_ctx.get(), &all, &untaken,
                              [&](grpc::Status s) { untaken_status.set_value(s); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it has been answered
-  v1::GeluRequest req;  // 1 MiB in, 1 MiB out inline twice: all of the 3 MiB
-  const auto x = RandomFloats(1 << 18);
-  req.mutable_input()->mutable_tensor()->set_dtype(v1::FLOAT32);
-  req.mutable_input()->mutable_tensor()->add_shape(1 << 18);
-  req.mutable_input()->mutable_tensor()->set_data(x.data(), x.size());
-  grpc::Status other;
   int refused = 0;
-  for (int i = 0; i < 100; ++i) {  // up to 5 s
-    auto ctx = Ctx();
-    v1::GeluResponse resp;
-    other = stub_->Gelu(ctx.get(), req, &resp);
-    if (other.ok()) break;
-    EXPECT_EQ(other.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << other.error_message();
-    ++refused;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const grpc::Status other = GeluOnceThereIsRoom(*stub_, InlineGelu1MiB(), &refused);
   EXPECT_TRUE(other.ok()) << "the untaken listing still holds its bytes: "
                           << other.error_message();
   EXPECT_GE(refused, 1);  // it did hold them while it waited
