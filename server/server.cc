@@ -41,7 +41,8 @@ std::atomic<int> g_shutdown_signal{0};
 sem_t g_shutdown_sem;
 
 void OnShutdownSignal(int sig) {
-  g_shutdown_signal.store(sig);
+  int none = 0;  // the first reason stays (a failed listener must still exit 1)
+  g_shutdown_signal.compare_exchange_strong(none, sig);
   sem_post(&g_shutdown_sem);  // async-signal-safe
 }
 
@@ -358,6 +359,8 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
 absl::Status RunServer(const ServerOptions& o) {
   RaiseFileLimit();
   gpr_set_log_function(OnGrpcLog);
+  // The hook sees only what gRPC logs: errors at least (GRPC_VERBOSITY=NONE would hide them).
+  if (!gpr_should_log(GPR_LOG_SEVERITY_ERROR)) gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
   auto server = FuseboxServer::Start(o);
   if (!server.ok()) return server.status();
   // HOST:PORT with the port chosen; a socket address as given.

@@ -94,6 +94,8 @@ class OpReactor final : public grpc::ServerUnaryReactor {
 // so stock clients (grpcurl, a generated stub) can Download without raising it.
 constexpr int64_t kDefaultChunkBytes = (4 << 20) - (64 << 10);
 constexpr int64_t kMaxChunkBytes = 64 << 20;
+// A ListTensors reply smaller than this takes no in-flight budget.
+constexpr int64_t kSmallReplyBytes = 64 << 10;
 
 }  // namespace
 
@@ -111,15 +113,15 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
 
 int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
 
-absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(int64_t bytes,
-                                                                         const char* what) const {
+absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
+    int64_t bytes, const char* what, const char* advice) const {
   if (inflight_ == nullptr) return std::shared_ptr<void>();
   std::shared_ptr<void> token = inflight_->TryReserve(bytes);
   if (token == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds ", inflight_->used(), " bytes for calls in flight, and this ", what,
-        " needs ", bytes, " more for its messages (limit ", inflight_->limit(),
-        ", --inflight_mib); retry later, or send smaller chunks"));
+        " needs ", bytes, " more (limit ", inflight_->limit(), ", --inflight_mib); retry later",
+        advice));
   }
   return token;
 }
@@ -303,7 +305,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     }
     if (n > held_bytes_) {  // this message, in host memory until it is copied in
       held_.reset();
-      auto token = svc_->ReserveTransfer(n, "upload");
+      auto token = svc_->ReserveTransfer(n, "upload", ", or send smaller messages");
       if (!token.ok()) return Fail(token.status());
       held_ = *std::move(token);
       held_bytes_ = n;
@@ -327,9 +329,10 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
  private:
-  // The next message is allowed as long as the largest so far needs (StallWatch).
+  // The next message is allowed as long as the largest so far needs (StallWatch); the first,
+  // of a size not known yet, as long as a default chunk does.
   void Read() {
-    stall_.Waiting(largest_message_);
+    stall_.Waiting(largest_message_ > 0 ? largest_message_ : kDefaultChunkBytes);
     StartRead(&msg_);
   }
 
@@ -368,8 +371,12 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     End(ToGrpcStatus(s));
   }
 
+  // No copy is in flight here: the message buffer and its budget go back before the status
+  // does, so the client's next call finds them free.
   void End(const grpc::Status& s) {
     svc_->RecordOther("Upload", s, written_, 0);
+    msg_.Clear();
+    held_.reset();
     stall_.Waiting();
     Finish(s);
   }
@@ -429,7 +436,8 @@ class KernelServiceImpl::DownloadReactor final
     chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
                        kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});
     // A chunk is in host memory twice while it is sent: ours, and gRPC's serialized copy.
-    auto token = svc_->ReserveTransfer(2 * std::min(chunk_, tensor_->bytes), "download");
+    auto token = svc_->ReserveTransfer(2 * std::min(chunk_, tensor_->bytes), "download",
+                                       ", or ask for a smaller chunk_bytes");
     if (!token.ok()) {
       End(ToGrpcStatus(token.status()));
       return;
@@ -481,8 +489,12 @@ class KernelServiceImpl::DownloadReactor final
     StartWrite(&msg_);
   }
 
+  // No copy or write is in flight here: the chunk and its budget go back before the status
+  // does, so the client's next call finds them free.
   void End(const grpc::Status& s) {
     svc_->RecordOther("Download", s, 0, sent_);
+    msg_.Clear();
+    held_.reset();
     stall_.Waiting();
     Finish(s);
   }
@@ -536,7 +548,10 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerCon
                           absl::StrCat("the listing would be ", bytes, " bytes, over the ",
                                        limits_.max_output_bytes,
                                        " a reply may hold; ask for one handle at a time"));
-  } else if (auto token = ReserveTransfer(2 * bytes, "listing"); !token.ok()) {
+  } else if (bytes < kSmallReplyBytes) {
+    // Small enough to need no budget: a listing of a few tensors is never refused.
+  } else if (auto token = ReserveTransfer(2 * bytes, "listing", ", or ask for one handle at a time");
+             !token.ok()) {
     status = ToGrpcStatus(token.status());
   } else {
     reactor->Hold(*std::move(token));

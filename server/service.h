@@ -62,9 +62,11 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
                    int64_t bytes_out) const;
   grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
                         v1::ListTensorsResponse* resp) const;
-  // Reserves `bytes` of the in-flight budget for a transfer's message buffers: a token to
-  // hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED.
-  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what) const;
+  // Reserves `bytes` of the in-flight budget for a transfer's or a listing's buffers: a token
+  // to hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED naming
+  // `what` and ending with `advice`.
+  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what,
+                                                        const char* advice) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op: the common body of the four op methods.

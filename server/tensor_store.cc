@@ -65,8 +65,8 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
     }
     if (accounts_->tensors >= limits_.max_tensors) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", accounts_->tensors, " tensors, its limit (--max_tensors); free "
-          "tensors first"));
+          "the server holds ", accounts_->tensors, " tensors, its limit for all tenants "
+          "(--max_tensors); retry later or free tensors"));
     }
     mine += bytes;
     accounts_->used += bytes;

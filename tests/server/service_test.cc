@@ -925,6 +925,28 @@ TEST_F(ServiceTest, TransfersPastTheInflightLimitAreResourceExhaustedUntilOthers
   EXPECT_TRUE(Upload(a, {1 << 20}, v1::FLOAT32, &h2, "", 4 << 20).ok());
 }
 
+TEST_F(ServiceTest, TransfersOneAfterAnotherEachFitAloneUnderASmallInflightLimit) {
+  ServerOptions o;
+  o.inflight_bytes = 1 << 20;  // less than any one of these transfers holds
+  StartServer(o);
+  const auto a = RandomFloats(1 << 20);  // 4 MiB
+  std::string h, data;
+  ASSERT_TRUE(Upload(a, {1 << 20}, v1::FLOAT32, &h, "", 2 << 20).ok());
+  for (int i = 0; i < 100; ++i) {  // each finds the budget its predecessor held given back
+    grpc::Status s = Download(h, &data, "", 2 << 20);
+    ASSERT_TRUE(s.ok()) << "round " << i << ": " << s.error_message();
+    std::string other;
+    s = Upload(a, {1 << 20}, v1::FLOAT32, &other, "", 2 << 20);
+    ASSERT_TRUE(s.ok()) << "round " << i << ": " << s.error_message();
+    auto ctx = Ctx();
+    v1::FreeTensorRequest free;
+    free.set_handle(other);
+    v1::FreeTensorResponse freed;
+    ASSERT_TRUE(stub_->FreeTensor(ctx.get(), free, &freed).ok());
+    ASSERT_EQ(List().tensors_size(), 1);  // a small listing takes no budget
+  }
+}
+
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
   StartServer({});
   const int64_t m = 37, k = 53, n = 129;
