@@ -541,40 +541,48 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerCon
   // A listing can be large (a tenant's every tensor and shape): it holds in-flight budget for
   // itself and gRPC's copy, and the stall watch ends it if the client does not take it.
   auto* reactor = new OpReactor(store_, &stalls_, ctx);
-  grpc::Status status = ListInto(*ctx, *req, resp);
-  const int64_t bytes = status.ok() ? static_cast<int64_t>(resp->ByteSizeLong()) : 0;
-  if (bytes > limits_.max_output_bytes) {
-    status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("the listing would be ", bytes, " bytes, over the ",
-                                       limits_.max_output_bytes,
-                                       " a reply may hold; ask for one handle at a time"));
-  } else if (bytes < kSmallReplyBytes) {
-    // Small enough to need no budget: a listing of a few tensors is never refused.
-  } else if (auto token = ReserveTransfer(2 * bytes, "listing", ", or ask for one handle at a time");
-             !token.ok()) {
-    status = ToGrpcStatus(token.status());
-  } else {
-    reactor->Hold(*std::move(token));
-  }
+  std::shared_ptr<void> held;
+  const grpc::Status status = ListInto(*ctx, *req, resp, &held);
   if (!status.ok()) resp->Clear();
+  reactor->Hold(std::move(held));
   RecordOther("ListTensors", status, 0, 0);
-  reactor->Reply(status, bytes);
+  reactor->Reply(status, static_cast<int64_t>(resp->ByteSizeLong()));
   return reactor;
 }
 
 grpc::Status KernelServiceImpl::ListInto(const grpc::CallbackServerContext& ctx,
                                          const v1::ListTensorsRequest& req,
-                                         v1::ListTensorsResponse* resp) const {
+                                         v1::ListTensorsResponse* resp,
+                                         std::shared_ptr<void>* held) const {
   auto c = Context(ctx);
   if (!c.ok()) return ToGrpcStatus(c.status());
   if (store_ == nullptr) return grpc::Status::OK;  // nothing held
+  std::vector<std::shared_ptr<StoredTensor>> tensors;
   if (!req.handle().empty()) {
     auto t = store_->Get(c->tenant, req.handle());
     if (!t.ok()) return ToGrpcStatus(t.status());
-    FillInfo(**t, resp->add_tensors());
+    tensors.push_back(*std::move(t));
   } else {
-    for (const auto& t : store_->List(c->tenant)) FillInfo(*t, resp->add_tensors());
+    tensors = store_->List(c->tenant);
   }
+  // The reply's size at most (a TensorInfo: its handle, 10 bytes an axis, 64 for the rest),
+  // checked and reserved before a byte of it is built.
+  int64_t bytes = 64;
+  for (const auto& t : tensors) {
+    bytes += static_cast<int64_t>(t->handle.size() + 10 * t->shape.size()) + 64;
+  }
+  if (bytes > limits_.max_output_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the listing of ", tensors.size(), " tensors could take ",
+                                     bytes, " bytes, over the ", limits_.max_output_bytes,
+                                     " a reply may hold; ask for one handle at a time"));
+  }
+  if (bytes >= kSmallReplyBytes) {  // a listing of a few tensors takes no budget
+    auto token = ReserveTransfer(2 * bytes, "listing", ", or ask for one handle at a time");
+    if (!token.ok()) return ToGrpcStatus(token.status());
+    *held = *std::move(token);
+  }
+  for (const auto& t : tensors) FillInfo(*t, resp->add_tensors());
   resp->set_used_bytes(store_->TenantUsedBytes(c->tenant));
   resp->set_quota_bytes(store_->limits().tenant_quota_bytes);
   return grpc::Status::OK;

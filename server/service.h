@@ -60,8 +60,9 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   void StartOther() const;
   void RecordOther(const char* method, const grpc::Status& status, int64_t bytes_in,
                    int64_t bytes_out) const;
+  // Fills a ListTensors reply, after reserving in-flight budget for a large one in *held.
   grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
-                        v1::ListTensorsResponse* resp) const;
+                        v1::ListTensorsResponse* resp, std::shared_ptr<void>* held) const;
   // Reserves `bytes` of the in-flight budget for a transfer's or a listing's buffers: a token
   // to hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED naming
   // `what` and ending with `advice`.
