@@ -653,12 +653,15 @@ TEST_F(ServiceTest, ADownloadWhoseReaderStopsIsCancelled) {
 }
 
 // A loopback TCP proxy to a server for one connection, which can stop passing the server's
-// bytes on (a client that takes nothing more, as the server sees it) or pass them at a set
-// rate (a slow client; 0 = as fast as they come).
+// bytes on (a client that takes nothing more, as the server sees it) or pass either side's
+// at a set rate (a slow client; 0 = as fast as they come).
 class PausableProxy {
  public:
-  explicit PausableProxy(int server_port, int64_t server_bytes_per_second = 0)
-      : server_port_(server_port), rate_(server_bytes_per_second) {
+  explicit PausableProxy(int server_port, int64_t server_bytes_per_second = 0,
+                         int64_t client_bytes_per_second = 0)
+      : server_port_(server_port),
+        rate_(server_bytes_per_second),
+        client_rate_(client_bytes_per_second) {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -708,7 +711,12 @@ class PausableProxy {
       while (!stop_) {
         pollfd p[2] = {{client, POLLIN, 0}, {server, static_cast<short>(paused_ ? 0 : POLLIN), 0}};
         if (poll(p, 2, 20) <= 0) continue;
-        if ((p[0].revents & (POLLIN | POLLHUP)) && !Pass(client, server)) break;
+        if (p[0].revents & (POLLIN | POLLHUP)) {
+          if (!Pass(client, server, client_rate_ > 0 ? 16384 : 65536)) break;
+          if (client_rate_ > 0) {
+            std::this_thread::sleep_for(std::chrono::microseconds(16384000000 / client_rate_));
+          }
+        }
         if (p[1].revents & (POLLIN | POLLHUP)) {
           if (!Pass(server, client, rate_ > 0 ? 16384 : 65536)) break;
           if (rate_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(16384000000 / rate_));
@@ -720,7 +728,7 @@ class PausableProxy {
   }
 
   const int server_port_;
-  const int64_t rate_;
+  const int64_t rate_, client_rate_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> paused_{false}, stop_{false};
@@ -859,6 +867,29 @@ TEST_F(ServiceTest, AReplyTakenSteadilyButSlowlyOutlivesTheStallTimeout) {
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(600));  // slow
   EXPECT_EQ(resp.output().tensor().data().size(), size_t{2} << 20);
+}
+
+TEST_F(ServiceTest, AnUploadsFirstMessageSentSlowlyOutlivesTheStallTimeout) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;  // the first message may take 0.3 s + 4 s (a default chunk)
+  StartServer(o);
+  PausableProxy proxy(server_->port(), 0, /*client_bytes_per_second=*/2 << 20);  // about 1 s
+  ASSERT_GT(proxy.port(), 0);
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  const auto a = RandomFloats(1 << 19);  // 2 MiB, in one message
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub->Upload(ctx.get(), &resp);
+  v1::UploadRequest m;
+  m.set_dtype(v1::FLOAT32);
+  m.add_shape(1 << 19);
+  m.set_data(a.data(), a.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(w->Write(m));
+  w->WritesDone();
+  const grpc::Status s = w->Finish();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(600));  // slow
 }
 
 TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
