@@ -196,10 +196,6 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
 constexpr int kMaxSyncThreads = 32;
 constexpr int kMaxStreamsPerConnection = 1000;
 
-int64_t GrpcMemoryQuota(int64_t inflight_bytes, int64_t max_message_bytes) {
-  return std::max(inflight_bytes, 2 * max_message_bytes);
-}
-
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<TensorStore> store;
@@ -272,12 +268,14 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
+  // gRPC's own buffers (requests still arriving, replies on their way): as much as the
+  // in-flight budget, and at least two of the largest messages (one call alone never meets it).
+  const int64_t grpc_quota_bytes =
+      std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
   Log("calls in flight: up to %lld MiB of inline tensors, gRPC's buffers up to %lld MiB; "
       "cancelled after %g s waiting on their client",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),
-      static_cast<long long>(
-          GrpcMemoryQuota(request_limits.max_inflight_bytes, o.max_message_bytes) >> 20),
-      o.stall_timeout_seconds);
+      static_cast<long long>(grpc_quota_bytes >> 20), o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);
 
@@ -287,12 +285,10 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &s->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
-  // gRPC's own memory, requests still arriving included, is held to a quota: under its
-  // pressure gRPC refuses streams (RESOURCE_EXHAUSTED) instead of buffering every request that
-  // arrives at once. As large as the in-flight budget, and at least two of the largest messages.
+  // Under the quota's pressure gRPC refuses streams (RESOURCE_EXHAUSTED) instead of buffering
+  // every request that arrives at once.
   grpc::ResourceQuota quota("fusebox");
-  quota.Resize(static_cast<size_t>(GrpcMemoryQuota(request_limits.max_inflight_bytes,
-                                                   o.max_message_bytes)));
+  quota.Resize(static_cast<size_t>(grpc_quota_bytes));
   // Threads of the synchronous services (reflection: each open stream holds one; our own
   // service is on the callback API and needs none of them).
   quota.SetMaxThreads(kMaxSyncThreads);

@@ -67,10 +67,6 @@ class FuseboxServer {
 int64_t HostMemoryBytes(const std::string& cgroup_root = "/sys/fs/cgroup",
                         const std::string& self_cgroup = "/proc/self/cgroup");
 
-// The memory quota of gRPC's own buffers (requests still arriving, replies on their way): the
-// in-flight budget, and at least two of the largest messages (one call alone never meets it).
-int64_t GrpcMemoryQuota(int64_t inflight_bytes, int64_t max_message_bytes);
-
 // Serves until SIGTERM or SIGINT (CatchShutdownSignals must have run), then
 // drains and returns.
 absl::Status RunServer(const ServerOptions& options);

@@ -284,7 +284,6 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   void OnReadDone(bool ok) override {
     stall_.Working();
-    largest_message_ = std::max(largest_message_, static_cast<int64_t>(msg_.data().size()));
     if (!ok) {  // the client closed its side, or the call broke
       Complete();
       return;
@@ -332,7 +331,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   // The next message is allowed as long as the largest so far needs (StallWatch); the first,
   // of a size not known yet, as long as a default chunk does.
   void Read() {
-    stall_.Waiting(largest_message_ > 0 ? largest_message_ : kDefaultChunkBytes);
+    stall_.Waiting(held_bytes_ > 0 ? held_bytes_ : kDefaultChunkBytes);
     StartRead(&msg_);
   }
 
@@ -389,9 +388,8 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
-  int64_t largest_message_ = 0;
   std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
-  int64_t held_bytes_ = 0;
+  int64_t held_bytes_ = 0;      // the largest message so far
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 

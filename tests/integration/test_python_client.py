@@ -57,7 +57,8 @@ class Server:
         if not m:
             self.kill()
             raise RuntimeError(f"cannot parse server line: {self.first_line!r}")
-        self.address = f"127.0.0.1:{m.group(2)}"
+        self.port = int(m.group(2))
+        self.address = f"127.0.0.1:{self.port}"
         # Keep draining stdout so the server never blocks writing to it.
         threading.Thread(target=lambda: self.proc.stdout.read(), daemon=True).start()
 
@@ -451,9 +452,27 @@ def test_sigterm_makes_server_exit_zero():
         s.kill()
 
 
-def _rss_mib(pid):
+def _proc_status(pid, key):
+    """A number from /proc/PID/status: VmRSS in KiB, Threads, ..."""
     with open(f"/proc/{pid}/status") as f:
-        return next(int(l.split()[1]) // 1024 for l in f if l.startswith("VmRSS"))
+        return next(int(l.split()[1]) for l in f if l.startswith(key + ":"))
+
+
+def _h2_connect(port, timeout=None):
+    """A raw HTTP/2 client connection to a server on loopback: (socket, h2 connection)."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    return sock, conn
+
+
+def _grpc_headers(path):
+    return [(":method", "POST"), (":scheme", "http"), (":path", path),
+            (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")]
 
 
 def _push_unfinished_requests(port, streams, request_bytes, seconds):
@@ -462,22 +481,14 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
     after every round, the ids of the streams the server reset (all, once it closes the
     connection) and the bytes it took."""
     import select
-    import socket
 
-    import h2.config
-    import h2.connection
     import h2.events
     import h2.exceptions
-    sock = socket.create_connection(("127.0.0.1", port))
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-    conn.initiate_connection()
+    sock, conn = _h2_connect(port)
     left, reset = {}, set()
     for _ in range(streams):
         sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"),
-                                (":path", "/fusebox.v1.KernelService/Gelu"),
-                                (":authority", "localhost"), ("content-type", "application/grpc"),
-                                ("te", "trailers")])
+        conn.send_headers(sid, _grpc_headers("/fusebox.v1.KernelService/Gelu"))
         conn.send_data(sid, b"\0" + request_bytes.to_bytes(4, "big"))  # gRPC's message prefix
         left[sid] = request_bytes - 1
     chunk = bytes(16384)
@@ -523,11 +534,10 @@ def test_requests_left_unfinished_are_refused_not_buffered():
     pytest.importorskip("h2")
     s = Server("--max_message_bytes=16777216", "--inflight_mib=16", "--malloc_retain_mib=0")
     try:
-        pid = s.proc.pid
-        idle = peak = _rss_mib(pid)
+        idle = peak = _proc_status(s.proc.pid, "VmRSS") // 1024
         reset, took = set(), 0
-        for reset, took in _push_unfinished_requests(int(s.address.split(":")[1]), 32, 15 << 20, 4):
-            peak = max(peak, _rss_mib(pid))
+        for reset, took in _push_unfinished_requests(s.port, 32, 15 << 20, 4):
+            peak = max(peak, _proc_status(s.proc.pid, "VmRSS") // 1024)
         assert len(reset) >= 24, (len(reset), took >> 20)
         assert peak - idle < 200, f"the server grew {peak - idle} MiB for {took >> 20} MiB sent"
         with Client(s.address) as c:
@@ -544,10 +554,9 @@ def test_a_listener_out_of_file_descriptors_makes_the_server_exit_for_a_restart(
     s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48)))
     socks = []
     try:
-        port = int(s.address.split(":")[1])
         for _ in range(80):
             try:
-                socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+                socks.append(socket.create_connection(("127.0.0.1", s.port), timeout=5))
             except OSError:
                 break
         time.sleep(0.5)
@@ -563,16 +572,10 @@ def test_a_listener_out_of_file_descriptors_makes_the_server_exit_for_a_restart(
 def test_a_connection_may_open_at_most_1000_streams_at_once():
     # Streams whose requests never finish cost gRPC memory until their connection ends.
     pytest.importorskip("h2")
-    import socket
-
-    import h2.config
-    import h2.connection
     import h2.events
     s = Server()
     try:
-        sock = socket.create_connection(("127.0.0.1", int(s.address.split(":")[1])), timeout=10)
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+        sock, conn = _h2_connect(s.port, timeout=10)
         sock.sendall(conn.data_to_send())
         settings = None
         while settings is None:
@@ -585,33 +588,20 @@ def test_a_connection_may_open_at_most_1000_streams_at_once():
         s.kill()
 
 
-def _threads(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(l.split()[1]) for l in f if l.startswith("Threads"))
-
-
 def test_open_reflection_streams_take_a_bounded_number_of_threads():
     # Reflection is a synchronous service: each open stream holds a thread. 200 streams left
     # open on one connection take at most the quota's 32, and the server keeps serving.
     pytest.importorskip("h2")
-    import socket
-
-    import h2.config
-    import h2.connection
     s = Server()
     try:
-        before = _threads(s.proc.pid)
-        sock = socket.create_connection(("127.0.0.1", int(s.address.split(":")[1])))
-        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
-        conn.initiate_connection()
+        before = _proc_status(s.proc.pid, "Threads")
+        sock, conn = _h2_connect(s.port)
         for _ in range(200):
-            conn.send_headers(conn.get_next_available_stream_id(), [
-                (":method", "POST"), (":scheme", "http"), (":authority", "localhost"),
-                (":path", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
-                ("content-type", "application/grpc"), ("te", "trailers")])
+            conn.send_headers(conn.get_next_available_stream_id(), _grpc_headers(
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"))
         sock.sendall(conn.data_to_send())
         time.sleep(2)
-        grew = _threads(s.proc.pid) - before
+        grew = _proc_status(s.proc.pid, "Threads") - before
         assert grew <= 40, f"{grew} more threads for 200 open reflection streams"
         with Client(s.address) as c:
             expect_still_serving(c)
