@@ -35,6 +35,7 @@ usage: fusebox-rpc-bench --server HOST:PORT [options]
   --output_buffer B    reused | fresh: reuse one result buffer per caller (Client::Call) or
                        get a new one per call (Client::Gelu) (default reused)
   --no_header          do not print the table header
+  --phases             add the server's queue, copy-in, launch and copy-out p50 columns
   --channels N         separate client channels (TCP connections) shared round-robin (default 1)
   --dtype D            float32 | float16 | bfloat16 (default float32)
   --channel_arg K=V    extra integer gRPC channel argument (repeatable),
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   int64_t min_calls = 20, max_calls = 20000;
   double max_seconds = 5, warmup_seconds = 0.5;
   int channels = 1;
-  bool reuse_output = true, header = true;
+  bool reuse_output = true, header = true, phases = false;
   std::vector<std::pair<std::string, int>> channel_args;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
     else if (a == "--dtype") dtype_arg = v;
     else if (a == "--output_buffer") reuse_output = v != "fresh";
     else if (a == "--no_header") { header = false; if (eq == std::string::npos && !v.empty()) --i; }
+    else if (a == "--phases") { phases = true; if (eq == std::string::npos && !v.empty()) --i; }
     else if (a == "--channel_arg" && v.find('=') != std::string::npos)
       channel_args.emplace_back(v.substr(0, v.find('=')), std::atoi(v.c_str() + v.find('=') + 1));
     else { std::fprintf(stderr, "fusebox-rpc-bench: unknown option %s\n%s", a.c_str(), kUsage); return 2; }
@@ -134,8 +136,10 @@ int main(int argc, char** argv) {
   }
 
   if (header) std::printf("| payload | callers | request path | output buffer | calls | p50 us | p99 us | mean us | calls/s | "
-              "GB/s in | GB/s in+out | server total p50 us | server kernel p50 us |\n");
-  if (header) std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "GB/s in | GB/s in+out | server total p50 us | server kernel p50 us |%s\n",
+              phases ? " queue p50 us | copy-in p50 us | launch p50 us | copy-out p50 us |" : "");
+  if (header) std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+                          phases ? "---|---|---|---|" : "");
   std::fflush(stdout);
 
   for (const Case& cs : cases) {
@@ -165,13 +169,15 @@ int main(int argc, char** argv) {
     }
 
     std::mutex mu;
-    std::vector<double> lat, srv_total, srv_kernel;
+    // Per call: client latency, then the server's total, kernel, queue, copy-in, launch, copy-out.
+    constexpr int kSeries = 7;
+    std::vector<double> series[kSeries];
     std::atomic<int64_t> started{0};
     std::atomic<bool> failed{false};
     std::string error;
     auto worker = [&](int id, bool measure, Clock::time_point until) {
       fc::Client& c = *clients[id % channels];
-      std::vector<double> l, st, sk;
+      std::vector<double> mine[kSeries];
       fc::OpResult reused;
       int done = 0;
       while (!failed) {
@@ -197,15 +203,13 @@ int main(int argc, char** argv) {
         }
         const fc::Timing& t = reuse_output ? reused.timing : fresh->timing;
         ++done;
-        l.push_back(t.rpc_us);
-        st.push_back(t.total_us);
-        sk.push_back(t.kernel_us);
+        const double values[kSeries] = {t.rpc_us,   t.total_us,      t.kernel_us, t.queue_us,
+                                        t.copy_in_us, t.launch_us, t.copy_out_us};
+        for (int k = 0; k < kSeries; ++k) mine[k].push_back(values[k]);
       }
       if (measure) {
         std::lock_guard<std::mutex> lock(mu);
-        lat.insert(lat.end(), l.begin(), l.end());
-        srv_total.insert(srv_total.end(), st.begin(), st.end());
-        srv_kernel.insert(srv_kernel.end(), sk.begin(), sk.end());
+        for (int k = 0; k < kSeries; ++k) series[k].insert(series[k].end(), mine[k].begin(), mine[k].end());
       }
     };
     auto run = [&](bool measure, double seconds) {
@@ -223,15 +227,20 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "fusebox-rpc-bench: call failed: %s\n", error.c_str());
       return 1;
     }
+    const std::vector<double>& lat = series[0];
     const double calls = static_cast<double>(lat.size());
     const double gbs_in = calls * static_cast<double>(cs.bytes) / wall / 1e9;
-    std::printf("| %s | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.3f | %.3f | %.1f | %.1f |\n",
+    std::printf("| %s | %d | %s | %s | %zu | %.1f | %.1f | %.1f | %.0f | %.3f | %.3f | %.1f | %.1f |",
                 HumanSize(cs.bytes).c_str(), cs.callers,
                 cs.path == fc::RequestPath::kZeroCopy ? "zerocopy" : "protobuf",
                 reuse_output ? "reused" : "fresh", lat.size(),
                 Percentile(lat, 0.5), Percentile(lat, 0.99),
                 [&] { double s = 0; for (double v : lat) s += v; return s / std::max(1.0, calls); }(),
-                calls / wall, gbs_in, 2 * gbs_in, Percentile(srv_total, 0.5), Percentile(srv_kernel, 0.5));
+                calls / wall, gbs_in, 2 * gbs_in, Percentile(series[1], 0.5), Percentile(series[2], 0.5));
+    if (phases) {
+      for (int k = 3; k < kSeries; ++k) std::printf(" %.1f |", Percentile(series[k], 0.5));
+    }
+    std::printf("\n");
     std::fflush(stdout);
   }
   return 0;
