@@ -8,9 +8,11 @@
 #            RecordCall benchmark (bench/metrics/RESULTS.md)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
-# BASELINE=<rev> (kernels only) also builds that revision's libfusebox_memory_bound_capi.so (in a
-# worktree under build-base/) into the bundle as libfusebox_memory_bound_capi_base.so; the `ab` step
-# of run_device.sh then times it beside ours ("ours@base"): an A/B of two builds in one process.
+# BASELINE=<rev> also builds that revision (in a worktree under build-base/) for an A/B of two
+# builds: kernels gets its libfusebox_memory_bound_capi.so as libfusebox_memory_bound_capi_base.so,
+# which the `ab` step of run_device.sh times beside ours ("ours@base") in one process; e2e gets
+# its fusebox-server and CUDA module as base.tgz, which bench/e2e/ab_servers.sh builds runs
+# alternated with this revision's server.
 # usage: [BASELINE=<rev>] scripts/device_all.sh [kernels] [matmul] [e2e]   (default: all three)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +23,7 @@ declare -A targets=(
   [kernels]="fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi"
   [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
   [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
-         fusebox_metrics_bench"
+         fusebox_metrics_bench fusebox-rpc-bench"
 )
 declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
@@ -34,13 +36,14 @@ declare -A files=(
             bench/gpu/interleaved_timer.py"
   [e2e]="$b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e
          $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench
-         $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh"
+         $b/bench/rpc/fusebox-rpc-bench $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
+         bench/e2e/ab_servers.sh"
 )
 c=$(git rev-parse --short HEAD)
 declare -A command=(
   [kernels]="COMMIT=$c BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh test sanitize bench  # ~4-6 min"
   [matmul]="COMMIT=$c bash .bundle-matmul/bin/run_matmul.sh \$PWD/.bundle-matmul  # ~4 min"
-  [e2e]="BUNDLE=.bundle-e2e bash .bundle-e2e/bin/run_e2e.sh  # ~3 min"
+  [e2e]="BUNDLE=.bundle-e2e bash .bundle-e2e/bin/run_e2e.sh  # ~3 min; A/B: ab_servers.sh builds|backends"
 )
 want=()
 for j in "${jobs[@]}"; do
@@ -58,13 +61,30 @@ if [[ -n ${BASELINE:-} ]]; then
     git worktree add --detach $wt "$BASELINE" >/dev/null
   fi
   cmake -S $wt -B build-base/build -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build-base/build -j"$(nproc)" --target fusebox_memory_bound_capi
-  cp build-base/build/bench/gpu/libfusebox_memory_bound_capi.so build-base/libfusebox_memory_bound_capi_base.so
-  files[kernels]+=" build-base/libfusebox_memory_bound_capi_base.so"
+  declare -A base_targets=([kernels]=fusebox_memory_bound_capi [e2e]="fusebox-server fusebox_cuda_backend")
+  base_want=()
+  for j in "${jobs[@]}"; do
+    read -r -a t <<<"${base_targets[$j]:-}"
+    base_want+=("${t[@]}")
+  done
+  (( ${#base_want[@]} )) && cmake --build build-base/build -j"$(nproc)" --target "${base_want[@]}"
+  if [[ " ${jobs[*]} " == *" kernels "* ]]; then
+    cp build-base/build/bench/gpu/libfusebox_memory_bound_capi.so build-base/libfusebox_memory_bound_capi_base.so
+    files[kernels]+=" build-base/libfusebox_memory_bound_capi_base.so"
+  fi
 fi
 for j in "${jobs[@]}"; do
   read -r -a f <<<"${files[$j]//$'\n'/ }"
   BUNDLE_DIR=.bundle-$j scripts/device_bundle.sh "${f[@]}"
 done
+# The base server's shared libraries are the bundle's (the same packages); its binaries travel
+# gzipped (the CUDA module is 14 MB) under base/, next to each other as the server expects.
+if [[ -n ${BASELINE:-} && " ${jobs[*]} " == *" e2e "* ]]; then
+  rm -rf build-base/pack && mkdir -p build-base/pack/base
+  cp build-base/build/server/fusebox-server build-base/build/server/libfusebox_cuda_backend.so \
+    build-base/pack/base/
+  tar -C build-base/pack -czf .bundle-e2e/base.tgz base
+  du -sh .bundle-e2e | awk '{print "bundle .bundle-e2e with base.tgz: " $1}'
+fi
 echo "device commands (carry the bundle named first):"
 for j in "${jobs[@]}"; do echo "  .bundle-$j: ${command[$j]}"; done
