@@ -4,8 +4,10 @@
 #   kernels  .bundle-kernels: GPU kernel tests, the memory-bound benchmark and its Python harnesses
 #   matmul   .bundle-matmul: matmul and CUDA-backend tests, the matmul benchmark and its harnesses
 #   e2e      .bundle-e2e: the server with its CUDA module, the end-to-end client, the memory-bound
-#            benchmark (its medians), the /metrics check with the Python stubs, and the metrics
-#            RecordCall benchmark (bench/metrics/RESULTS.md)
+#            benchmark (its medians), the /metrics check with the Python stubs, the metrics
+#            RecordCall benchmark (bench/metrics/RESULTS.md), fusebox-rpc-bench, and the CUDA
+#            backend's tests (fusebox_gpu_cuda_backend_test, which loads the module next to it
+#            or FUSEBOX_CUDA_MODULE: with BASELINE, base/'s shows whether a new test fails there)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
 # BASELINE=<rev> also builds that revision (in a worktree under build-base/) for an A/B of two
@@ -23,7 +25,7 @@ declare -A targets=(
   [kernels]="fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi"
   [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
   [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
-         fusebox_metrics_bench fusebox-rpc-bench"
+         fusebox_metrics_bench fusebox-rpc-bench fusebox_gpu_cuda_backend_test"
 )
 declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
@@ -37,7 +39,7 @@ declare -A files=(
   [e2e]="$b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e
          $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench
          $b/bench/rpc/fusebox-rpc-bench $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
-         bench/e2e/ab_servers.sh"
+         $b/tests/gpu/fusebox_gpu_cuda_backend_test bench/e2e/ab_servers.sh"
 )
 c=$(git rev-parse --short HEAD)
 declare -A command=(
