@@ -5,11 +5,12 @@
 // A call runs on one worker of a WorkQueue; worker i owns StreamWorker i (a
 // stream, pinned staging, events, a cuBLASLt runner). On that thread:
 //   allocate device memory for the call from a memory pool (stream-ordered,
-//   the pool keeps what it has: no cudaMalloc after warm-up) -> record start
+//   the pool keeps what it has: no cudaMalloc after warm-up), or for a call of
+//   up to 1 MiB use the worker's own scratch -> record start
 //   -> host -> pinned -> device, chunked and pipelined -> record in -> kernel
 //   gate -> record go -> kernel -> record kernel -> open the gate -> device ->
 //   pinned -> host, pipelined -> record out -> free to the pool
-//   (stream-ordered) -> done(status, timing).
+//   (stream-ordered; not the scratch) -> done(status, timing).
 // The worker blocks on its own stream; gRPC threads never do (Submit only
 // queues). Calls on different workers use different streams and overlap.
 // Timing: copy_in/launch/kernel/copy_out from cudaEventElapsedTime between
@@ -500,7 +501,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   if (!sizes.ok()) return sizes.status();
   const cudaStream_t st = w.stream();
 
-  // One pool allocation holds every operand that is not already resident, and the workspace.
+  // One block holds every operand that is not already resident, and the workspace: the
+  // worker's scratch when it fits, else a pool allocation (freed, stream-ordered, at the end).
   size_t offsets[5] = {0, 0, 0, 0, 0}, total = 0;
   for (int i = 0; i < 3; ++i) {
     if (!c.input_resident[i] && sizes->in[i] > 0) {
@@ -514,8 +516,11 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   }
   offsets[4] = total;
   total += RoundUp(sizes->workspace);
-  void* block = nullptr;
-  if (absl::Status s = PoolAlloc(total, st, &block); !s.ok()) return s;
+  const bool pooled = total > StreamWorker::kScratchBytes;
+  void* block = total == 0 ? nullptr : w.scratch();
+  if (pooled) {
+    if (absl::Status s = PoolAlloc(total, st, &block); !s.ok()) return s;
+  }
   auto at = [block](size_t off) { return static_cast<void*>(static_cast<uint8_t*>(block) + off); };
 
   const void* dev_in[3] = {nullptr, nullptr, nullptr};
@@ -549,7 +554,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
       args.a = dev_in[0]; args.b = dev_in[1]; args.bias = dev_in[2]; args.out = dev_out;
       args.allow_tf32 = c.allow_tf32;
       if (absl::Status s = w.cublaslt().Prepare(args, st); !s.ok()) {
-        if (block) cudaFreeAsync(block, st);
+        if (pooled) cudaFreeAsync(block, st);
         return s;
       }
     }
@@ -582,7 +587,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
     if (e != cudaSuccess) status = Fail(e, "kernel or copy from the GPU", &w);
   }
   if (!broken_.load()) {
-    if (block) cudaFreeAsync(block, st);
+    if (pooled) cudaFreeAsync(block, st);
     // Nothing of this call may still run when the next one reuses the staging.
     if (cudaError_t se = cudaStreamSynchronize(st); se != cudaSuccess && status.ok()) {
       status = Fail(se, "cudaStreamSynchronize", &w);

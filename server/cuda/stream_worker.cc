@@ -34,6 +34,9 @@ absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
   if (e != cudaSuccess) return fail(e, "cudaStreamCreate");
   if ((e = cudaMallocHost(&w->pinned_in_, total)) != cudaSuccess) return fail(e, "cudaMallocHost");
   if ((e = cudaMallocHost(&w->pinned_out_, total)) != cudaSuccess) return fail(e, "cudaMallocHost");
+  if ((e = cudaMalloc(&w->scratch_, kScratchBytes)) != cudaSuccess) {
+    return fail(e, "cudaMalloc (scratch)");
+  }
   for (auto& ev : w->ev_) {
     if ((e = cudaEventCreate(&ev)) != cudaSuccess) return fail(e, "cudaEventCreate");
   }
@@ -75,6 +78,7 @@ StreamWorker::~StreamWorker() {
   for (cudaEvent_t ev : out_slot_ev_) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : ev_) if (ev) cudaEventDestroy(ev);
   if (gate_) cudaFreeHost(gate_);
+  if (scratch_) cudaFree(scratch_);
   if (pinned_in_) cudaFreeHost(pinned_in_);
   if (pinned_out_) cudaFreeHost(pinned_out_);
   if (stream_) cudaStreamDestroy(stream_);

@@ -12,7 +12,10 @@
 //
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
 // one stream, 2 x slots + 5 events, one mapped pinned word (the kernel gate),
-// one 32 MiB cuBLASLt workspace.
+// one 32 MiB cuBLASLt workspace, and kScratchBytes of device memory for small
+// calls' operands (saves a pool allocation and free, ~11-14 us per call:
+// bench/e2e/NOTES.md, small_call_probe; and small calls keep running when the
+// pool has no memory left).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -47,6 +50,12 @@ class StreamWorker {
 
   cudaStream_t stream() const { return stream_; }
   cuda::CublasLtMatmul& cublaslt() { return *lt_; }
+
+  // Device memory this worker owns for a call whose operands, result and workspace fit in
+  // kScratchBytes. Only work on stream() touches it, so stream order alone makes the next
+  // call's use wait for this one's.
+  static constexpr size_t kScratchBytes = size_t{1} << 20;
+  void* scratch() const { return scratch_; }
 
   // Events bracketing the phases of one call, recorded on stream():
   // start -> (copy in) -> in -> (gate: launch) -> go -> (kernel) -> kernel ->
@@ -94,6 +103,7 @@ class StreamWorker {
   uint32_t* gate_ = nullptr;             // mapped pinned word (host address)
   const uint32_t* gate_dev_ = nullptr;   // its device address
   uint32_t gate_seq_ = 0;
+  void* scratch_ = nullptr;  // kScratchBytes of device memory
   std::unique_ptr<cuda::CublasLtMatmul> lt_;
 };
 

@@ -470,5 +470,48 @@ TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
       testing::ExitedWithCode(0), "first launches failed: 0");
 }
 
+TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
+  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        std::string reason;
+        auto b = OneStreamBackend(&reason);
+        if (!b) std::_Exit(3);
+        int wrong = 0;
+        auto expect = [&](HostCall& h, bool want_ok, const char* what) {
+          const Result r = SubmitSync(*b, h.call);
+          const bool ok = r.status.ok() && h.Check(Tol(h.call.op, h.call.dtype)).ok;
+          const bool as_wanted = want_ok ? ok : absl::IsResourceExhausted(r.status);
+          if (!as_wanted) ++wrong;
+          std::fprintf(stderr, "%s: %s%s\n", what, r.status.ok() ? (ok ? "ok" : "WRONG") :
+                       r.status.ToString().c_str(), as_wanted ? "" : "  <- not as expected");
+        };
+        HostCall gelu = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 1000, 1);
+        HostCall softmax = MakeElementwise(Op::kSoftmax, DType::kBFloat16, 3, 1000, 2);
+        HostCall big = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 1 << 20, 3);  // 8 MiB
+        expect(gelu, true, "gelu 1x1000 before");  // loads the kernels' code first
+        expect(softmax, true, "softmax 3x1000 before");
+        std::vector<std::unique_ptr<Buffer>> held;  // 8 GiB pieces, then halves, to 256 bytes
+        for (size_t piece = size_t{8} << 30; piece >= 256; piece /= 2) {
+          for (auto buf = b->Allocate(piece); buf.ok(); buf = b->Allocate(piece)) {
+            held.push_back(*std::move(buf));
+          }
+        }
+        std::fprintf(stderr, "holding %zu blocks\n", held.size());
+        gelu.Bind();
+        softmax.Bind();
+        expect(gelu, true, "gelu 1x1000 with the pool full");
+        expect(softmax, true, "softmax 3x1000 with the pool full");
+        expect(big, false, "gelu 1x1048576 with the pool full");
+        held.clear();
+        big.Bind();
+        expect(big, true, "gelu 1x1048576 after");
+        std::fprintf(stderr, "not as expected: %d\n", wrong);
+        std::_Exit(wrong == 0 ? 0 : 6);
+      },
+      testing::ExitedWithCode(0), "not as expected: 0");
+}
+
 }  // namespace
 }  // namespace fusebox
