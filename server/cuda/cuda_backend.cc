@@ -284,7 +284,7 @@ absl::Status CudaBackend::PoolAlloc(size_t bytes, cudaStream_t stream, void** p)
     cudaMemGetInfo(&free_b, &total_b);
     cudaGetLastError();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "out of GPU memory on ", device_name_, ": this call needs ", bytes >> 20, " MiB, ",
+        "out of GPU memory on ", device_name_, ": this call needs ", bytes, " bytes, ",
         free_b >> 20, " MiB of ", total_b >> 20,
         " MiB are free; retry later, free resident tensors, or send smaller tensors"));
   }
