@@ -76,8 +76,8 @@ ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
           "a call waiting this long on its client (an Upload's next message, a Download's "
-          "next chunk, a reply not taken), plus 1 s per MiB of the message in transit, is "
-          "cancelled and its memory returned; 0 = never");
+          "next chunk, a reply not taken), plus 1 s per MiB of the message in transit (an "
+          "Upload's: the largest it could be), is cancelled and its memory returned; 0 = never");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();

@@ -268,6 +268,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
+  request_limits.max_message_bytes = o.max_message_bytes;
   // gRPC's own buffers (requests still arriving, replies on their way): as much as the
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =

@@ -94,6 +94,8 @@ class OpReactor final : public grpc::ServerUnaryReactor {
 // so stock clients (grpcurl, a generated stub) can Download without raising it.
 constexpr int64_t kDefaultChunkBytes = (4 << 20) - (64 << 10);
 constexpr int64_t kMaxChunkBytes = 64 << 20;
+// More than an Upload message's fields other than its data take.
+constexpr int64_t kMessageFramingBytes = 4 << 10;
 // A ListTensors reply smaller than this takes no in-flight budget.
 constexpr int64_t kSmallReplyBytes = 64 << 10;
 
@@ -328,10 +330,14 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
  private:
-  // The next message is allowed as long as the largest so far needs (StallWatch); the first,
-  // of a size not known yet, as long as a default chunk does.
+  // The next message is allowed as long as the largest it could be needs (StallWatch): the
+  // first, with the header, up to the message limit; a later one, the bytes still missing and
+  // its framing. So a client sending at 1 MiB/s or faster is never cancelled, however it
+  // sizes its messages.
   void Read() {
-    stall_.Waiting(held_bytes_ > 0 ? held_bytes_ : kDefaultChunkBytes);
+    const int64_t limit = svc_->limits_.max_message_bytes;
+    stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
+                           : limit);
     StartRead(&msg_);
   }
 

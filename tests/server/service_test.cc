@@ -892,6 +892,36 @@ TEST_F(ServiceTest, AnUploadsFirstMessageSentSlowlyOutlivesTheStallTimeout) {
   EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(600));  // slow
 }
 
+TEST_F(ServiceTest, AnUploadsLaterMessageLargerThanAnyBeforeOutlivesTheStallTimeout) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;  // the next message may take 0.3 s + 1 s per MiB still missing
+  StartServer(o);
+  PausableProxy proxy(server_->port(), 0, /*client_bytes_per_second=*/2 << 20);
+  ASSERT_GT(proxy.port(), 0);
+  auto stub = StubWithoutBdpProbing(proxy.port());
+  const int64_t n = (3 << 20) / 4 + 1024;  // 4 KiB with the header, then 3 MiB: about 1.5 s
+  const auto a = RandomFloats(n);
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub->Upload(ctx.get(), &resp);
+  v1::UploadRequest first;
+  first.set_dtype(v1::FLOAT32);
+  first.add_shape(n);
+  first.set_data(a.data(), 4096);
+  v1::UploadRequest rest;
+  rest.set_data(a.data() + 4096, a.size() - 4096);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(w->Write(first));
+  ASSERT_TRUE(w->Write(rest));
+  w->WritesDone();
+  const grpc::Status s = w->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));  // slow
+  std::string back;
+  ASSERT_TRUE(Download(resp.tensor().handle(), &back).ok());
+  EXPECT_EQ(back, std::string(a.begin(), a.end()));
+}
+
 TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
   ServerOptions o;
   o.stall_timeout_seconds = 0.05;
@@ -901,9 +931,9 @@ TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
   auto ctx = Ctx();
   v1::UploadResponse resp;
   auto upload = stub_->Upload(ctx.get(), &resp);
-  v1::UploadRequest header;  // then nothing more
+  v1::UploadRequest header;  // 4 bytes short, then nothing more
   header.set_dtype(v1::FLOAT32);
-  header.add_shape(200000);
+  header.add_shape(1001);
   header.set_data(std::string(4000, 'x'));
   ASSERT_TRUE(upload->Write(header));
   SlowDownload d = OpenSlowDownload(server_->port(), h);
