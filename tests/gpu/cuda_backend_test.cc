@@ -426,6 +426,17 @@ TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
       testing::ExitedWithCode(0), "later: UNAVAILABLE");
 }
 
+// Buffers of 8 GiB, then of halves down to `smallest`, until none more can be had.
+std::vector<std::unique_ptr<Buffer>> AllocateAllDeviceMemory(Backend& b, size_t smallest) {
+  std::vector<std::unique_ptr<Buffer>> held;
+  for (size_t piece = size_t{8} << 30; piece >= smallest; piece /= 2) {
+    for (auto buf = b.Allocate(piece); buf.ok(); buf = b.Allocate(piece)) {
+      held.push_back(*std::move(buf));
+    }
+  }
+  return held;
+}
+
 // The pool keeps what it frees, so after a burst it can hold all free device memory; a
 // kernel's first launch then loads its code (lazy loading), which needs device memory too.
 // Every op's first launch in a fresh process must still work (in a child: a fresh context).
@@ -438,12 +449,7 @@ TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
         auto b = OneStreamBackend(&reason);
         if (!b) std::_Exit(3);
         {
-          std::vector<std::unique_ptr<Buffer>> held;  // 8 GiB pieces, then halves, to 1 MiB
-          for (size_t piece = size_t{8} << 30; piece >= (size_t{1} << 20); piece /= 2) {
-            for (auto buf = b->Allocate(piece); buf.ok(); buf = b->Allocate(piece)) {
-              held.push_back(*std::move(buf));
-            }
-          }
+          const auto held = AllocateAllDeviceMemory(*b, size_t{1} << 20);
           const BackendStats st = b->stats();
           std::fprintf(stderr, "held %zu blocks; device memory used %lld of %lld MiB\n",
                        held.size(), static_cast<long long>(st.device_memory_used >> 20),
@@ -495,12 +501,7 @@ TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
         HostCall big = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 1 << 20, 3);  // 8 MiB
         expect(gelu, true, "gelu 1x1000 before");  // loads the kernels' code first
         expect(softmax, true, "softmax 3x1000 before");
-        std::vector<std::unique_ptr<Buffer>> held;  // 8 GiB pieces, then halves, to 256 bytes
-        for (size_t piece = size_t{8} << 30; piece >= 256; piece /= 2) {
-          for (auto buf = b->Allocate(piece); buf.ok(); buf = b->Allocate(piece)) {
-            held.push_back(*std::move(buf));
-          }
-        }
+        auto held = AllocateAllDeviceMemory(*b, 256);
         std::fprintf(stderr, "holding %zu blocks\n", held.size());
         gelu.Bind();
         softmax.Bind();
