@@ -13,9 +13,10 @@
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
 // one stream, 2 x slots + 5 events, one mapped pinned word (the kernel gate),
 // one 32 MiB cuBLASLt workspace, and kScratchBytes of device memory for small
-// calls' operands (saves a pool allocation and free, ~11-14 us per call:
-// bench/e2e/NOTES.md, small_call_probe; and small calls keep running when the
-// pool has no memory left).
+// calls' operands (saves a pool allocation and free: 11-14 us of host time per
+// call in small_call_probe, 21-32 us of a 4 KiB call's server time at the
+// medians end to end, bench/e2e/NOTES.md; and small calls keep running when
+// the pool has no memory left).
 #pragma once
 
 #include <cuda_runtime.h>
