@@ -377,9 +377,6 @@ TEST_F(CudaBackendTest, TimingsMatchTheWork) {
               r.timing.total_us);
 }
 
-// A kernel that faults leaves the CUDA context unusable for the whole process,
-// so this runs in a child process (the "threadsafe" death-test style re-runs
-// this binary for just this statement).
 // A device ordinal past the last is the caller's mistake: INVALID_ARGUMENT, which stops
 // --backend=auto instead of serving from the CPU (no GPU at all is UNAVAILABLE).
 TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
@@ -397,14 +394,27 @@ TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
   EXPECT_NE(std::string(err).find("does not exist"), std::string::npos) << err;
 }
 
-TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
-  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+// Runs `body` in a child process (the "threadsafe" death-test style re-runs this binary for
+// just this statement): a fresh CUDA context, with a one-stream backend of its own. The child
+// exits with body's code (3: no backend there); the test wants 0 and `stderr_has` in what the
+// child printed.
+template <typename Body>
+void ExpectInFreshProcess(Body body, const char* stderr_has) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
         std::string reason;
         auto b = OneStreamBackend(&reason);
-        if (!b) std::_Exit(3);  // no GPU in the child: parent sees code 3
+        std::_Exit(b ? body(*b) : 3);
+      },
+      testing::ExitedWithCode(0), stderr_has);
+}
+
+// A kernel that faults leaves the CUDA context unusable for the whole process: a child's.
+TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
+  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  ExpectInFreshProcess(
+      [](Backend& b) {
         std::vector<float> out(1 << 20);
         OpCall bad;
         bad.op = Op::kGelu;
@@ -415,15 +425,15 @@ TEST(CudaBackendBroken, StickyErrorMakesLaterCallsUnavailable) {
         bad.input_resident[0] = true;
         bad.output = out.data();
         bad.output_bytes = out.size() * 4;
-        const Result first = SubmitSync(*b, bad);
-        if (first.status.ok()) std::_Exit(4);
+        const Result first = SubmitSync(b, bad);
+        if (first.status.ok()) return 4;
         HostCall h = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 16, 1);
-        const Result later = SubmitSync(*b, h.call);
+        const Result later = SubmitSync(b, h.call);
         std::fprintf(stderr, "first: %s\nlater: %s\n", first.status.ToString().c_str(),
                      later.status.ToString().c_str());
-        std::_Exit(absl::IsUnavailable(later.status) ? 0 : 5);
+        return absl::IsUnavailable(later.status) ? 0 : 5;
       },
-      testing::ExitedWithCode(0), "later: UNAVAILABLE");
+      "later: UNAVAILABLE");
 }
 
 // Buffers of 8 GiB, then of halves down to `smallest`, until none more can be had.
@@ -442,15 +452,11 @@ std::vector<std::unique_ptr<Buffer>> AllocateAllDeviceMemory(Backend& b, size_t 
 // Every op's first launch in a fresh process must still work (in a child: a fresh context).
 TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
   if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        std::string reason;
-        auto b = OneStreamBackend(&reason);
-        if (!b) std::_Exit(3);
+  ExpectInFreshProcess(
+      [](Backend& b) {
         {
-          const auto held = AllocateAllDeviceMemory(*b, size_t{1} << 20);
-          const BackendStats st = b->stats();
+          const auto held = AllocateAllDeviceMemory(b, size_t{1} << 20);
+          const BackendStats st = b.stats();
           std::fprintf(stderr, "held %zu blocks; device memory used %lld of %lld MiB\n",
                        held.size(), static_cast<long long>(st.device_memory_used >> 20),
                        static_cast<long long>(st.device_memory_total >> 20));
@@ -466,7 +472,7 @@ TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
           calls.push_back(MakeMatmul(dt, 65, 33, 129, true, MatmulImpl::kCublasLt, seed++));
           calls.push_back(MakeMatmul(dt, 70, 40, 30, false, MatmulImpl::kTiled, seed++));
           for (HostCall& h : calls) {
-            const Result r = SubmitSync(*b, h.call);
+            const Result r = SubmitSync(b, h.call);
             const bool ok = r.status.ok() && h.Check(Tol(h.call.op, dt)).ok;
             if (!ok) ++failed;
             std::fprintf(stderr, "%s %s: %s\n", OpName(h.call.op), DTypeName(dt),
@@ -474,22 +480,18 @@ TEST(CudaBackendPoolFull, FirstLaunchesSucceedWhileThePoolHoldsAllFreeMemory) {
           }
         }
         std::fprintf(stderr, "first launches failed: %d\n", failed);
-        std::_Exit(failed == 0 ? 0 : 6);
+        return failed == 0 ? 0 : 6;
       },
-      testing::ExitedWithCode(0), "first launches failed: 0");
+      "first launches failed: 0");
 }
 
 TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
   if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        std::string reason;
-        auto b = OneStreamBackend(&reason);
-        if (!b) std::_Exit(3);
+  ExpectInFreshProcess(
+      [](Backend& b) {
         int wrong = 0;
         auto expect = [&](HostCall& h, bool want_ok, const char* what) {
-          const Result r = SubmitSync(*b, h.call);
+          const Result r = SubmitSync(b, h.call);
           const bool ok = r.status.ok() && h.Check(Tol(h.call.op, h.call.dtype)).ok;
           const bool as_wanted = want_ok ? ok : absl::IsResourceExhausted(r.status);
           if (!as_wanted) ++wrong;
@@ -501,7 +503,7 @@ TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
         HostCall big = MakeElementwise(Op::kGelu, DType::kFloat32, 1, 1 << 20, 3);  // 8 MiB
         expect(gelu, true, "gelu 1x1000 before");  // loads the kernels' code first
         expect(softmax, true, "softmax 3x1000 before");
-        auto held = AllocateAllDeviceMemory(*b, 256);
+        auto held = AllocateAllDeviceMemory(b, 256);
         std::fprintf(stderr, "holding %zu blocks\n", held.size());
         gelu.Bind();
         softmax.Bind();
@@ -512,9 +514,9 @@ TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
         big.Bind();
         expect(big, true, "gelu 1x1048576 after");
         std::fprintf(stderr, "not as expected: %d\n", wrong);
-        std::_Exit(wrong == 0 ? 0 : 6);
+        return wrong == 0 ? 0 : 6;
       },
-      testing::ExitedWithCode(0), "not as expected: 0");
+      "not as expected: 0");
 }
 
 }  // namespace
