@@ -32,9 +32,9 @@ struct ServerOptions {
   // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.
   int64_t store_budget_bytes = 0;
   int64_t tenant_quota_bytes = 0;
-  int64_t max_tensor_bytes = int64_t{8} << 30;
-  int64_t max_tensors = 1000000;  // held at once, all tenants
-  double idle_expiry_seconds = 3600;  // 0 = never
+  int64_t max_tensor_bytes = StoreLimits{}.max_tensor_bytes;
+  int64_t max_tensors = StoreLimits{}.max_tensors;  // held at once, all tenants
+  double idle_expiry_seconds = StoreLimits{}.idle_expiry_seconds;  // 0 = never
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;
   // A call waiting this long on its client (the next Upload message, a Download chunk or a
