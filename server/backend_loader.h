@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/cpu_backend.h"
-#include "server/cuda_backend.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/backends/cuda/cuda_backend.h"
 
 namespace fusebox {
 

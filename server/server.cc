@@ -27,10 +27,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
-#include "server/auth.h"
+#include "server/rpc/auth.h"
 #include "server/log.h"
-#include "server/metrics.h"
-#include "server/service.h"
+#include "server/rpc/metrics.h"
+#include "server/rpc/service.h"
 
 namespace fusebox {
 

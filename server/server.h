@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/backend_loader.h"
-#include "server/tensor_store.h"
+#include "server/core/tensor_store.h"
 
 namespace fusebox {
 

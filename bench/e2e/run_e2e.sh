@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200) from the bundle that scripts/device_all.sh e2e makes
+# Runs on the device machine (H200) from the bundle that tools/gpu/device_all.sh e2e makes
 # (.bundle-e2e); builds nothing. In one run:
 #   1. pinned host->device bandwidth (torch), the ceiling for uploads;
 #   2. the memory-bound kernel benchmark, ours only (bench medians to compare with);
@@ -72,7 +72,7 @@ rc=$?
 echo "server exit after SIGTERM: $rc"
 [[ $rc -eq 0 ]] || status=1
 
-# 5. tests/metrics/gpu_metrics_check.py when the bundle has it (scripts/device_all.sh): /metrics
+# 5. tests/metrics/gpu_metrics_check.py when the bundle has it (tools/gpu/device_all.sh): /metrics
 #    counts and sums against the responses, with the CUDA backend loaded.
 if [[ -f $B/bin/gpu_metrics_check.py && -d $B/bin/python ]]; then
   python3 "$B/bin/gpu_metrics_check.py" "$B/bin/fusebox-server" "$B/bin/python" >"$OUT/metrics_check.log" 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (H200), from the bundle made by scripts/device_all.sh kernels; builds
+# Runs on the device machine (H200), from the bundle made by tools/gpu/device_all.sh kernels; builds
 # nothing. Steps, in order (default: test sanitize bench):
 #   test      the GPU kernel tests (tests/gpu), all of them                      ~1 min
 #   sanitize  compute-sanitizer memcheck over the tests (largest shapes and the >2^31-element

@@ -7,7 +7,7 @@
 # call at all (racecheck cannot run cuBLASLt's kernels: run 4), as two runs with two logs -- the
 # TMA/wgmma kernel, then the mma.sync and FFMA kernels -- so a sanitizer failure in one cannot
 # hide the other (FUSEBOX_MATMUL_TEST_IMPLS selects them in the test binary).
-# Builds nothing: bundle first (scripts/device_all.sh).
+# Builds nothing: bundle first (tools/gpu/device_all.sh).
 # Writes to $OUT: the two test logs, matmul_ours.json, matmul_torch.json, bench.err,
 # matmul_table.md, sanitize_*.log and sanitizer_summary.txt.
 # Cost: ~0.5 min tests + C++ bench, ~1 min Python harness (A/B rounds only where the 32 MiB and
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# scripts/device_bundle.sh packs the libraries as lib.tgz past 48 MB.
+# tools/gpu/device_bundle.sh packs the libraries as lib.tgz past 48 MB.
 [ -f "$B/lib.tgz" ] && [ ! -d "$B/lib" ] && tar -C "$B" -xzf "$B/lib.tgz"
 export LD_LIBRARY_PATH=$B/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export FUSEBOX_CUDA_MODULE=$B/bin/libfusebox_cuda_backend.so

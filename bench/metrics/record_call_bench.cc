@@ -1,5 +1,5 @@
 // What recording one call's metrics costs (issue 5 asks for < 1 us): the real
-// exporter (Metrics::Start on a loopback port, server/metrics.cc) with a stub
+// exporter (Metrics::Start on a loopback port, server/rpc/metrics.cc) with a stub
 // backend, one thread and several threads recording at once. Read the CPU
 // column: CPU time per call, summed over threads. Two designs the exporter
 // avoids, for contrast: prometheus-cpp's Histogram/Counter objects resolved
@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "server/metrics.h"
+#include "server/rpc/metrics.h"
 
 namespace fusebox {
 namespace {

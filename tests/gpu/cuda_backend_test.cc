@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "server/backend.h"
-#include "server/cuda_backend.h"
+#include "server/exec/backend.h"
+#include "server/backends/cuda/cuda_backend.h"
 #include "tests/reference.h"
 
 namespace fusebox {

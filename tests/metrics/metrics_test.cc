@@ -1,7 +1,7 @@
-// Unit tests of the Prometheus exporter (server/metrics.cc): a fake backend,
+// Unit tests of the Prometheus exporter (server/rpc/metrics.cc): a fake backend,
 // Metrics::Start on a free loopback port, RecordCall, then a plain HTTP GET of
 // /metrics and checks on the parsed exposition text.
-#include "server/metrics.h"
+#include "server/rpc/metrics.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

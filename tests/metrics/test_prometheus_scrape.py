@@ -48,7 +48,7 @@ from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc  # noqa: E402
 OPS = ["Gelu", "Softmax", "RowSum", "MatmulRelu"]
 PHASES = ["queue", "copy_in", "launch", "kernel", "copy_out", "total"]
 DTYPE_CALLS = [("float32", 8), ("float16", 6), ("bfloat16", 6)]  # 20 good calls per op
-# The exporter's buckets (server/metrics.cc): 1 us x 2^k, k = 0..25.
+# The exporter's buckets (server/rpc/metrics.cc): 1 us x 2^k, k = 0..25.
 BOUNDS = [1e-6 * float(1 << k) for k in range(26)]
 PHASE_METRIC = "fusebox_call_phase_duration_seconds"
 DEADLINE_S = 80  # the whole module; ctest's TIMEOUT is 150

@@ -1,7 +1,7 @@
 // The CPU backend's queue: a transfer's first piece is refused when the queue is full, its
 // later pieces are not (an admitted Upload or Download is never cut short by load); a call
 // whose caller has gone is answered CANCELLED without being computed.
-#include "server/cpu_backend.h"
+#include "server/backends/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 

@@ -7,9 +7,9 @@
 #include <future>
 #include <random>
 
-#include "server/cpu_backend.h"
-#include "server/request.h"
-#include "server/tensor_store.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/core/request.h"
+#include "server/core/tensor_store.h"
 
 namespace fusebox {
 namespace {

@@ -1,6 +1,6 @@
 // Request validation: each bad input gets the right canonical code and a
 // message naming the problem; good inputs become the right OpCall.
-#include "server/request.h"
+#include "server/core/request.h"
 
 #include <gtest/gtest.h>
 

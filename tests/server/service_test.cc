@@ -24,11 +24,11 @@
 
 #include "client/cpp/fusebox_client.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
-#include "server/cpu_backend.h"
-#include "server/metrics.h"
+#include "server/backends/cpu/cpu_backend.h"
+#include "server/rpc/metrics.h"
 #include "server/server.h"
-#include "server/service.h"
-#include "server/tensor_store.h"
+#include "server/rpc/service.h"
+#include "server/core/tensor_store.h"
 #include "tests/reference.h"
 
 namespace fusebox {

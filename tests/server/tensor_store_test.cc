@@ -1,14 +1,14 @@
 // TensorStore: budget and quota are enforced before memory is taken and never
 // cost a stored tensor; tenants see only their own handles; freed and expired
 // handles are NOT_FOUND; a reader keeps a freed tensor's memory alive.
-#include "server/tensor_store.h"
+#include "server/core/tensor_store.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <thread>
 
-#include "server/cpu_backend.h"
+#include "server/backends/cpu/cpu_backend.h"
 
 namespace fusebox {
 namespace {

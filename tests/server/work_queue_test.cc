@@ -1,5 +1,5 @@
 // WorkQueue: bounded, drains on shutdown, runs jobs concurrently on indexed workers.
-#include "server/work_queue.h"
+#include "server/exec/work_queue.h"
 
 #include <gtest/gtest.h>
 

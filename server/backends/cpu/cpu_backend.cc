@@ -1,0 +1,140 @@
+// CpuBackend: runs OpCalls with kernels/cpu on a WorkQueue. Copies are zero:
+// kernels read the request's bytes and write the response's bytes in place.
+// Resident buffers are host memory, so a resident operand is used in place too.
+#include "server/backends/cpu/cpu_backend.h"
+
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/ops.h"
+#include "server/exec/work_queue.h"
+
+namespace fusebox {
+namespace {
+
+absl::Status RunOnCpu(const OpCall& c) {
+  switch (c.op) {
+    case Op::kGelu: return cpu::Gelu(c.dtype, c.inputs[0], c.output, c.rows * c.cols);
+    case Op::kSoftmax: return cpu::Softmax(c.dtype, c.inputs[0], c.output, c.rows, c.cols);
+    case Op::kRowSum:
+      return cpu::RowSum(c.dtype, c.inputs[0], static_cast<float*>(c.output), c.rows, c.cols);
+    case Op::kMatmulRelu:
+      return cpu::MatmulRelu(c.dtype, c.inputs[0], c.inputs[1], c.inputs[2], c.output, c.m, c.n,
+                             c.k);
+  }
+  return absl::InternalError("unknown op");
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& o) : queue_(o.workers, o.queue_capacity) {}
+  ~CpuBackend() override { Shutdown(); }
+
+  std::string name() const override { return "cpu"; }
+  std::string device() const override { return "cpu"; }
+
+  void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
+    Enqueue(enqueued_ns, std::move(done), [call](OpTiming* t) {
+      if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
+      const int64_t start = SteadyNowNs();
+      absl::Status s = RunOnCpu(call);
+      t->kernel_us = (SteadyNowNs() - start) / 1e3;
+      return s;
+    });
+  }
+
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    std::unique_ptr<uint8_t[]> mem(new (std::nothrow) uint8_t[bytes == 0 ? 1 : bytes]);
+    if (!mem) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the CPU backend could not allocate ", bytes, " bytes"));
+    }
+    return std::unique_ptr<Buffer>(new HostBuffer(std::move(mem), bytes));
+  }
+
+  void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
+                   OpDone done) override {
+    if (!dst->Contains(offset, bytes)) {
+      done(absl::InvalidArgumentError("write past the end of the tensor"), OpTiming{});
+      return;
+    }
+    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+      const int64_t start = SteadyNowNs();
+      std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
+      t->copy_in_us = (SteadyNowNs() - start) / 1e3;
+      return absl::OkStatus();
+    }, /*continuation=*/offset > 0);
+  }
+
+  void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
+                  OpDone done) override {
+    if (!src->Contains(offset, bytes)) {
+      done(absl::InvalidArgumentError("read past the end of the tensor"), OpTiming{});
+      return;
+    }
+    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+      const int64_t start = SteadyNowNs();
+      std::memcpy(dst, static_cast<const uint8_t*>(src->data()) + offset,
+                  bytes);
+      t->copy_out_us = (SteadyNowNs() - start) / 1e3;
+      return absl::OkStatus();
+    }, /*continuation=*/offset > 0);
+  }
+
+  BackendStats stats() const override {
+    BackendStats s;
+    s.queued = static_cast<int64_t>(queue_.queued());
+    s.busy = queue_.busy();
+    s.workers = queue_.workers();
+    return s;
+  }
+
+  void Shutdown() override { queue_.Shutdown(); }
+
+ private:
+  class HostBuffer final : public Buffer {
+   public:
+    HostBuffer(std::unique_ptr<uint8_t[]> mem, size_t size) : mem_(std::move(mem)), size_(size) {}
+    void* data() const override { return mem_.get(); }
+    size_t size() const override { return size_; }
+
+   private:
+    std::unique_ptr<uint8_t[]> mem_;
+    size_t size_;
+  };
+
+  // Runs `work` on a worker; fills queue and total time around it. `continuation`: a
+  // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
+  template <typename Work>
+  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false) {
+    // `done` is moved into the job only when the push succeeds.
+    auto shared_done = std::make_shared<OpDone>(std::move(done));
+    const bool queued = queue_.TryPush([enqueued_ns, shared_done, work](int worker) {
+      OpTiming t;
+      t.stream = worker;
+      t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+      absl::Status s = work(&t);
+      t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+      (*shared_done)(std::move(s), t);
+    }, continuation);
+    if (!queued) {
+      (*shared_done)(queue_.stopping()
+                         ? absl::UnavailableError("the server is shutting down")
+                         : absl::ResourceExhaustedError("the CPU backend's queue is full; retry later"),
+                     OpTiming{});
+    }
+  }
+
+  WorkQueue queue_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace fusebox

@@ -1,0 +1,32 @@
+// How the server creates the CUDA backend, which lives in a module
+// (libfusebox_cuda_backend.so) loaded with dlopen: cuBLASLt's static TLS must
+// not become a load-time dependency of the server (PLATFORM.md's trap), and
+// one server binary must run on hosts with and without CUDA.
+#pragma once
+
+#include <cstddef>
+
+#include "server/exec/backend.h"
+
+namespace fusebox {
+
+// The most streams one CUDA backend runs (--streams).
+constexpr int kMaxCudaStreams = 64;
+
+struct CudaBackendOptions {
+  int device = 0;                 // CUDA device ordinal
+  int streams = 4;                // streams in the pool = worker threads
+  size_t queue_capacity = 1024;   // queued calls beyond which Submit refuses
+  size_t staging_bytes = 64u << 20;  // pinned staging per stream, each way
+  MatmulImpl default_matmul = MatmulImpl::kCublasLt;
+};
+
+}  // namespace fusebox
+
+// The module's one exported symbol. Returns null when the backend cannot start, with a
+// reason in `error` and its absl::StatusCode in `*error_code` (when not null):
+// INVALID_ARGUMENT for options this host cannot honour (a device ordinal past the last),
+// UNAVAILABLE when there is no GPU, other codes when CUDA fails to start.
+extern "C" fusebox::Backend* fusebox_create_cuda_backend(const fusebox::CudaBackendOptions* options,
+                                                         char* error, size_t error_len,
+                                                         int* error_code);

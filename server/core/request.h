@@ -1,0 +1,91 @@
+// Turns an op request into an OpCall, or into an error the caller can act on.
+// Every check the service makes on a request lives here: dtypes, shapes, byte
+// lengths, ranks, operand agreement and size limits. On success the response's
+// output tensor is shaped and sized, and the OpCall writes straight into it
+// (no extra copy of the result on its way out).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fusebox/v1/kernel_service.pb.h"
+#include "server/exec/backend.h"
+#include "server/core/tensor_store.h"
+
+namespace fusebox {
+
+struct RequestLimits {
+  int64_t max_output_bytes = int64_t{1} << 30;  // larger inline outputs: RESOURCE_EXHAUSTED
+  int64_t max_inflight_bytes = 0;               // InflightBytes' limit; 0 = none
+  double stall_timeout_seconds = 0;             // StallWatch's timeout; 0 = none
+  int64_t max_message_bytes = int64_t{1} << 30;  // the largest message a client may send
+};
+
+// Host memory held by the inline tensors of calls accepted and not yet answered (their
+// requests, and their replies built in place, while queued or running), and by the messages
+// of transfers under way. A call that would pass the limit is RESOURCE_EXHAUSTED before its
+// output is allocated, so queued calls cannot take more memory than the host has.
+// Thread-safe.
+class InflightBytes {
+ public:
+  explicit InflightBytes(int64_t limit);
+  // Reserves `bytes`; the reservation lasts as long as the returned token (null: over the
+  // limit, nothing reserved).
+  std::shared_ptr<void> TryReserve(int64_t bytes);
+  int64_t limit() const { return limit_; }
+  int64_t used() const;
+
+ private:
+  struct Counter;
+  const int64_t limit_;
+  const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
+};
+
+// Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.
+struct RequestContext {
+  RequestLimits limits;
+  TensorStore* store = nullptr;
+  InflightBytes* inflight = nullptr;  // null: no limit
+  std::string tenant = "anonymous";
+};
+
+// A validated call. `trivial` means there is nothing for the backend to
+// compute: the output is empty, or fully determined (zero-length sums); its
+// bytes are then in the inline output already, or in `trivial_bytes` when the
+// output is kept on the server.
+struct PreparedCall {
+  OpCall call;
+  bool trivial = false;
+  std::string trivial_bytes;
+  int64_t bytes_in = 0;   // inline input bytes
+  int64_t bytes_out = 0;  // inline output bytes
+  std::vector<std::shared_ptr<StoredTensor>> held;  // resident inputs, kept alive
+  std::shared_ptr<StoredTensor> kept_output;        // commit on success
+  std::shared_ptr<void> inflight;                   // the InflightBytes reservation
+};
+
+// `out` receives the inline output tensor (shaped, sized), unless the request
+// keeps its output on the server; then kept_output is set instead.
+absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestContext& ctx,
+                                         v1::Tensor* out);
+absl::StatusOr<PreparedCall> PrepareSoftmax(const v1::SoftmaxRequest& req,
+                                            const RequestContext& ctx, v1::Tensor* out);
+absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
+                                           const RequestContext& ctx, v1::Tensor* out);
+absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
+                                               const RequestContext& ctx, v1::Tensor* out);
+
+// The most axes a tensor may have (as NumPy): more is INVALID_ARGUMENT. Shapes are
+// held uncharged and echoed in messages and replies, so their size is bounded.
+constexpr int kMaxRank = 64;
+
+// The shape and byte size of a dtype/shape pair, checked (rank, negative dims,
+// overflow) as for an inline tensor; `what` names it in messages.
+absl::StatusOr<int64_t> CheckedBytes(DType dtype, const google::protobuf::RepeatedField<int64_t>& shape,
+                                     const char* what);
+absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what);
+
+}  // namespace fusebox

@@ -1,0 +1,180 @@
+// TensorStore: see tensor_store.h.
+#include "server/core/tensor_store.h"
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusebox {
+namespace {
+
+int64_t UnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// 128 random bits: handles cannot be guessed from one another.
+std::string NewHandle() {
+  static std::mutex mu;
+  static std::random_device rd;
+  std::lock_guard<std::mutex> lock(mu);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "t%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
+
+}  // namespace
+
+struct TensorStore::Accounts {
+  std::mutex mu;
+  int64_t used = 0;
+  int64_t tensors = 0;
+  std::map<std::string, int64_t> by_tenant;
+};
+
+TensorStore::TensorStore(Backend* backend, StoreLimits limits)
+    : backend_(backend), limits_(limits), accounts_(std::make_shared<Accounts>()) {}
+
+absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
+    const std::string& tenant, DType dtype, const std::vector<int64_t>& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("shape has a negative dimension ", d));
+  }
+  const int64_t bytes = ShapeBytes(static_cast<int64_t>(ElementSize(dtype)), shape);
+  if (bytes < 0) return absl::InvalidArgumentError("shape has more elements than fit in 64 bits");
+  if (bytes > limits_.max_tensor_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("a tensor of ", bytes,
+                                                     " bytes is over the limit of ",
+                                                     limits_.max_tensor_bytes, " per tensor"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(accounts_->mu);
+    int64_t& mine = accounts_->by_tenant[tenant];
+    if (mine + bytes > limits_.tenant_quota_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("your quota is full: you hold ", mine, " of ", limits_.tenant_quota_bytes,
+                       " bytes and asked for ", bytes, " more; free tensors first"));
+    }
+    if (accounts_->used + bytes > limits_.budget_bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the server's tensor memory is full (", accounts_->used, " of ",
+                       limits_.budget_bytes, " bytes in use; asked for ", bytes, ")"));
+    }
+    if (accounts_->tensors >= limits_.max_tensors) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the server holds ", accounts_->tensors, " tensors, its limit for all tenants "
+          "(--max_tensors); retry later or free tensors"));
+    }
+    mine += bytes;
+    accounts_->used += bytes;
+    ++accounts_->tensors;
+  }
+  // From here the reservation is returned whenever the tensor goes away.
+  std::weak_ptr<Accounts> weak = accounts_;
+  auto reservation = std::shared_ptr<void>(nullptr, [weak, tenant, bytes](void*) {
+    if (auto acc = weak.lock()) {
+      std::lock_guard<std::mutex> lock(acc->mu);
+      acc->used -= bytes;
+      --acc->tensors;
+      if ((acc->by_tenant[tenant] -= bytes) == 0) acc->by_tenant.erase(tenant);
+    }
+  });
+  auto buffer = backend_->Allocate(static_cast<size_t>(bytes));
+  if (!buffer.ok()) return buffer.status();
+  auto t = std::make_shared<StoredTensor>();
+  t->tenant = tenant;
+  t->dtype = dtype;
+  t->shape = shape;
+  t->bytes = bytes;
+  t->buffer = std::move(*buffer);
+  t->created_unix_ms = UnixMs();
+  t->last_used_ns = SteadyNowNs();
+  t->reservation = std::move(reservation);
+  return t;
+}
+
+void TensorStore::Commit(const std::shared_ptr<StoredTensor>& tensor) {
+  tensor->handle = NewHandle();
+  tensor->last_used_ns = SteadyNowNs();
+  std::lock_guard<std::mutex> lock(mu_);
+  by_handle_[tensor->handle] = tensor;
+}
+
+absl::Status TensorStore::NotFound(const std::string& handle) const {
+  // Echoed at most in part: a long one would not fit gRPC's metadata limit, and the
+  // client would get RESOURCE_EXHAUSTED instead of this.
+  constexpr size_t kEcho = 64;
+  const std::string echo = handle.size() <= kEcho
+                               ? handle
+                               : absl::StrCat(handle.substr(0, kEcho), "... (", handle.size(),
+                                              " bytes)");
+  return absl::NotFoundError(absl::StrCat("no tensor with handle '", echo,
+                                          "' (never uploaded, freed, or expired)"));
+}
+
+absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Get(const std::string& tenant,
+                                                               const std::string& handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_handle_.find(handle);
+  if (it == by_handle_.end() || it->second->tenant != tenant) return NotFound(handle);
+  it->second->last_used_ns = SteadyNowNs();
+  return it->second;
+}
+
+absl::StatusOr<int64_t> TensorStore::Free(const std::string& tenant, const std::string& handle) {
+  std::shared_ptr<StoredTensor> gone;  // released outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = by_handle_.find(handle);
+    if (it == by_handle_.end() || it->second->tenant != tenant) return NotFound(handle);
+    gone = std::move(it->second);
+    by_handle_.erase(it);
+  }
+  return gone->bytes;
+}
+
+std::vector<std::shared_ptr<StoredTensor>> TensorStore::List(const std::string& tenant) {
+  std::vector<std::shared_ptr<StoredTensor>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [handle, t] : by_handle_) {
+    if (t->tenant == tenant) out.push_back(t);
+  }
+  return out;
+}
+
+int TensorStore::ExpireIdle() {
+  if (limits_.idle_expiry_seconds <= 0) return 0;
+  const int64_t cutoff = SteadyNowNs() - static_cast<int64_t>(limits_.idle_expiry_seconds * 1e9);
+  std::vector<std::shared_ptr<StoredTensor>> gone;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = by_handle_.begin(); it != by_handle_.end();) {
+    if (it->second->last_used_ns < cutoff) {
+      gone.push_back(std::move(it->second));
+      it = by_handle_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return static_cast<int>(gone.size());
+}
+
+int64_t TensorStore::TenantUsedBytes(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(accounts_->mu);
+  auto it = accounts_->by_tenant.find(tenant);
+  return it == accounts_->by_tenant.end() ? 0 : it->second;
+}
+
+StoreStats TensorStore::stats() const {
+  StoreStats s;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [handle, t] : by_handle_) {
+    s.bytes += t->bytes;
+    ++s.count;
+  }
+  return s;
+}
+
+}  // namespace fusebox

@@ -1,0 +1,87 @@
+// fusebox.v1.KernelService on gRPC's callback API. Op methods validate their
+// request (server/core/request.h), submit the call to the backend and return; the
+// backend's thread finishes the RPC. Upload and Download stream chunks through
+// the backend's copy queue. No gRPC thread ever waits on compute or copies.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "fusebox/v1/kernel_service.grpc.pb.h"
+#include "server/rpc/auth.h"
+#include "server/exec/backend.h"
+#include "server/rpc/metrics.h"
+#include "server/core/request.h"
+#include "server/rpc/stall_watch.h"
+#include "server/core/tensor_store.h"
+
+namespace fusebox {
+
+class KernelServiceImpl final : public v1::KernelService::CallbackService {
+ public:
+  // `metrics` and `store` may be null (no /metrics; no resident tensors).
+  // All must outlive this.
+  KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
+                    const Authenticator* auth, RequestLimits limits);
+
+  grpc::ServerUnaryReactor* Gelu(grpc::CallbackServerContext* ctx, const v1::GeluRequest* req,
+                                 v1::GeluResponse* resp) override;
+  grpc::ServerUnaryReactor* Softmax(grpc::CallbackServerContext* ctx,
+                                    const v1::SoftmaxRequest* req,
+                                    v1::SoftmaxResponse* resp) override;
+  grpc::ServerUnaryReactor* RowSum(grpc::CallbackServerContext* ctx, const v1::RowSumRequest* req,
+                                   v1::RowSumResponse* resp) override;
+  grpc::ServerUnaryReactor* MatmulRelu(grpc::CallbackServerContext* ctx,
+                                       const v1::MatmulReluRequest* req,
+                                       v1::MatmulReluResponse* resp) override;
+
+  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* ctx,
+                                                     v1::UploadResponse* resp) override;
+  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(grpc::CallbackServerContext* ctx,
+                                                           const v1::DownloadRequest* req) override;
+  grpc::ServerUnaryReactor* FreeTensor(grpc::CallbackServerContext* ctx,
+                                       const v1::FreeTensorRequest* req,
+                                       v1::FreeTensorResponse* resp) override;
+  grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
+                                        const v1::ListTensorsRequest* req,
+                                        v1::ListTensorsResponse* resp) override;
+
+  // Cancels the calls that have waited on their clients past the stall timeout (StallWatch);
+  // returns how many. The server's sweeper calls it.
+  int CancelStalled();
+
+ private:
+  class UploadReactor;
+  class DownloadReactor;
+
+  // An RPC that runs no op (Upload, Download, FreeTensor, ListTensors) in the
+  // metrics, if any: StartOther when it arrives (calls_in_flight), RecordOther
+  // once when it ends.
+  void StartOther() const;
+  void RecordOther(const char* method, const grpc::Status& status, int64_t bytes_in,
+                   int64_t bytes_out) const;
+  // Fills a ListTensors reply, after reserving in-flight budget for a large one in *held.
+  grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
+                        v1::ListTensorsResponse* resp, std::shared_ptr<void>* held) const;
+  // Reserves `bytes` of the in-flight budget for a transfer's or a listing's buffers: a token
+  // to hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED naming
+  // `what` and ending with `advice`.
+  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what,
+                                                        const char* advice) const;
+  // Who is calling and where their handles resolve, or UNAUTHENTICATED.
+  absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
+  // Validates and runs one op: the common body of the four op methods.
+  template <typename Req>
+  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const char* method, Op op,
+                                  const Req& req, v1::TensorRef* output, v1::Timing* timing);
+
+  Backend* const backend_;
+  Metrics* const metrics_;
+  TensorStore* const store_;
+  const Authenticator* const auth_;
+  const RequestLimits limits_;
+  const std::unique_ptr<InflightBytes> inflight_;  // null: no limit
+  StallWatch stalls_;
+};
+
+}  // namespace fusebox
