@@ -52,14 +52,6 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCuda(const BackendChoice& choice) {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendChoice& choice) {
   if (choice.kind == "cpu") return MakeCpuBackend(choice.cpu);
-  if (choice.cuda.streams < 1 || choice.cuda.streams > kMaxCudaStreams) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--streams must be 1..", kMaxCudaStreams, ", not ", choice.cuda.streams));
-  }
-  if (choice.cuda.device < 0) {  // no host has it (one past the last is the module's to say)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cuda_device must be >= 0, not ", choice.cuda.device));
-  }
   if (choice.kind == "cuda") return LoadCuda(choice);
   if (choice.kind != "auto") {
     return absl::InvalidArgumentError(

@@ -68,10 +68,10 @@ ABSL_FLAG(int64_t, inflight_mib, 0,
           "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
           "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
           "memory limit if less");
-ABSL_FLAG(int64_t, malloc_retain_mib, 1024,
+ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
-          "OS, and serve large blocks from the heap: large requests then skip page faults "
-          "(bench/rpc/NOTES.md); 0 = glibc's defaults");
+          "OS, and serve large blocks from the heap: large requests then skip page faults; "
+          "0 = glibc's defaults");
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
@@ -101,81 +101,52 @@ int main(int argc, char** argv) {
   o.backend.kind = absl::GetFlag(FLAGS_backend);
   o.backend.cuda_module = absl::GetFlag(FLAGS_cuda_module);
   o.backend.cpu.workers = absl::GetFlag(FLAGS_workers);
-  const int64_t queue_capacity = absl::GetFlag(FLAGS_queue_capacity);
-  o.backend.cpu.queue_capacity = static_cast<size_t>(std::max<int64_t>(queue_capacity, 0));
+  const int64_t queue_capacity = std::max<int64_t>(absl::GetFlag(FLAGS_queue_capacity), 0);
+  o.backend.cpu.queue_capacity = static_cast<size_t>(queue_capacity);
+  o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
   o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
   o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
-  o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
-  // MiB flags are range-checked below before they become bytes (a shift past int64 is
-  // undefined, and a negative size_t is huge).
-  const int64_t staging_mib = absl::GetFlag(FLAGS_staging_mib);
-  const int64_t budget_mib = absl::GetFlag(FLAGS_store_budget_mib);
-  const int64_t quota_mib = absl::GetFlag(FLAGS_tenant_quota_mib);
-  const int64_t max_tensor_mib = absl::GetFlag(FLAGS_max_tensor_mib);
-  const int64_t retain_mib = absl::GetFlag(FLAGS_malloc_retain_mib);
-  const int64_t inflight_mib = absl::GetFlag(FLAGS_inflight_mib);
+  // MiB become bytes here; a value out of range (negative, or past int64 once in bytes)
+  // becomes -1 (SIZE_MAX for staging), which CheckOptions refuses with the flag's range.
   constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
   auto bytes = [](int64_t mib) { return mib >= 0 && mib <= kMaxMib ? mib << 20 : int64_t{-1}; };
-  o.backend.cuda.staging_bytes = static_cast<size_t>(std::max<int64_t>(bytes(staging_mib), 0));
-  const std::string impl = absl::GetFlag(FLAGS_matmul_impl);
+  const int64_t staging = bytes(absl::GetFlag(FLAGS_staging_mib));
+  o.backend.cuda.staging_bytes = staging < 0 ? SIZE_MAX : static_cast<size_t>(staging);
   o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   o.drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   o.shutdown_notice_seconds = absl::GetFlag(FLAGS_shutdown_notice_s);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.token_file = absl::GetFlag(FLAGS_token_file);
-  o.store_budget_bytes = bytes(budget_mib);
-  o.tenant_quota_bytes = bytes(quota_mib);
-  o.max_tensor_bytes = bytes(max_tensor_mib);
+  o.store_budget_bytes = bytes(absl::GetFlag(FLAGS_store_budget_mib));
+  o.tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_tenant_quota_mib));
+  o.max_tensor_bytes = bytes(absl::GetFlag(FLAGS_max_tensor_mib));
   o.max_tensors = absl::GetFlag(FLAGS_max_tensors);
-  o.inflight_bytes = bytes(inflight_mib);
+  o.inflight_bytes = bytes(absl::GetFlag(FLAGS_inflight_mib));
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
+  o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));
 
-  std::string bad;
+  absl::Status checked = fusebox::CheckOptions(o);
+  const std::string impl = absl::GetFlag(FLAGS_matmul_impl);
   if (impl == "cublaslt") {
     o.backend.cuda.default_matmul = fusebox::MatmulImpl::kCublasLt;
   } else if (impl == "tiled") {
     o.backend.cuda.default_matmul = fusebox::MatmulImpl::kTiled;
   } else {
-    bad = "--matmul_impl must be cublaslt or tiled";
+    checked = absl::InvalidArgumentError("--matmul_impl must be cublaslt or tiled");
   }
-  if (o.backend.cpu.workers < 1) bad = "--workers must be >= 1";
-  if (o.backend.kind != "cpu" &&
-      (o.backend.cuda.streams < 1 || o.backend.cuda.streams > fusebox::kMaxCudaStreams)) {
-    bad = absl::StrCat("--streams must be in 1..", fusebox::kMaxCudaStreams);
-  }
-  if (queue_capacity < 1) bad = "--queue_capacity must be >= 1";
-  if (staging_mib < 0 || staging_mib > (int64_t{1} << 20)) {
-    bad = "--staging_mib must be in 0..1048576";
-  }
-  if (o.cpu_threads < 0) bad = "--cpu_threads must be >= 0";
-  // Seconds: finite and at most a day (a double past int64 nanoseconds stopped at once).
-  auto seconds_ok = [](double s) { return std::isfinite(s) && s >= 0 && s <= 86400; };
-  if (!seconds_ok(o.drain_seconds) || !seconds_ok(o.shutdown_notice_seconds) ||
-      !seconds_ok(o.stall_timeout_seconds)) {
-    bad = "--drain_seconds, --shutdown_notice_s and --stall_timeout_s must be in 0..86400";
-  }
-  if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
-    bad = absl::StrCat(
-        "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib);
-  }
-  if (o.max_tensors < 1) bad = "--max_tensors must be >= 1";
-  if (o.inflight_bytes < 0) bad = absl::StrCat("--inflight_mib must be in 0..", kMaxMib);
-  if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
-    bad = "--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)";
-  }
-  if (bytes(retain_mib) < 0) bad = absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib);
-  if (!bad.empty()) {
-    std::fprintf(stderr, "fusebox-server: %s (see --help)\n", bad.c_str());
+  if (!checked.ok()) {
+    std::fprintf(stderr, "fusebox-server: %s (see --help)\n",
+                 std::string(checked.message()).c_str());
     return 2;
   }
 
   // Large request and response buffers come and go with every call; glibc
   // would mmap each one fresh and fault it in page by page.
-  if (retain_mib > 0) {
+  if (o.malloc_retain_bytes > 0) {
     mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(bytes(retain_mib), INT_MAX)));
+    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(o.malloc_retain_bytes, INT_MAX)));
   }
   const absl::Status s = fusebox::RunServer(o);
   if (!s.ok()) {

@@ -101,48 +101,6 @@ int64_t ReadLimit(const std::string& path) {
   return static_cast<int64_t>(v);
 }
 
-// Addresses that are not HOST:PORT (a socket path and the like).
-bool IsSocketAddress(const std::string& address) {
-  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
-    if (address.rfind(scheme, 0) == 0) return true;
-  }
-  return false;
-}
-
-// gRPC listens on a host without a port at 443, and takes a port past 65535 modulo 2^16: a
-// typo would listen somewhere else. TCP addresses need HOST:PORT ([V6]:PORT for IPv6; after
-// a dns:///, ipv4: or ipv6: prefix too); socket addresses pass as they are.
-absl::Status CheckListenAddress(const std::string& address) {
-  if (IsSocketAddress(address)) return absl::OkStatus();
-  std::string hostport = address;
-  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
-    if (hostport.rfind(scheme, 0) == 0) hostport = hostport.substr(std::strlen(scheme));
-  }
-  auto bad = [&](const char* why) {
-    return absl::InvalidArgumentError(absl::StrCat("--address=", address, ": ", why));
-  };
-  size_t colon;
-  if (!hostport.empty() && hostport[0] == '[') {
-    const size_t close = hostport.find(']');
-    if (close == std::string::npos || close + 1 >= hostport.size() || hostport[close + 1] != ':') {
-      return bad("an IPv6 address takes the form [V6]:PORT");
-    }
-    colon = close + 1;
-  } else {
-    colon = hostport.find(':');
-    if (colon == std::string::npos) return bad("HOST:PORT needs the port (0 picks a free one)");
-    if (hostport.find(':', colon + 1) != std::string::npos) {
-      return bad("an IPv6 address takes the form [V6]:PORT");
-    }
-  }
-  const std::string port = hostport.substr(colon + 1);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoi(port) > 65535) {
-    return bad("the port must be a number in 0..65535");
-  }
-  return absl::OkStatus();
-}
-
 StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
@@ -221,12 +179,7 @@ const Backend& FuseboxServer::backend() const { return *s_->backend; }
 TensorStore& FuseboxServer::store() { return *s_->store; }
 
 absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const ServerOptions& o) {
-  // At least 64 KiB: inline results get the limit less 4 KiB, downloads a chunk of it.
-  if (o.max_message_bytes < kMinMessageBytes || o.max_message_bytes > INT_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_message_bytes must be in ", kMinMessageBytes, "..", INT_MAX, " (gRPC's limit)"));
-  }
-  if (absl::Status s = CheckListenAddress(o.address); !s.ok()) return s;
+  if (absl::Status s = CheckOptions(o); !s.ok()) return s;
   if (o.cpu_threads > 0) cpu::SetCpuThreads(o.cpu_threads);
   auto s = std::make_unique<State>();
 

@@ -12,35 +12,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/backend_loader.h"
 #include "server/core/tensor_store.h"
+#include "server/options.h"
 
 namespace fusebox {
-
-constexpr int64_t kMinMessageBytes = int64_t{64} << 10;  // --max_message_bytes' least
-
-struct ServerOptions {
-  std::string address = "0.0.0.0:50051";  // host:port (0..65535; 0 picks a free one) or unix:path
-  BackendChoice backend;                  // --backend and its pool sizes
-  int cpu_threads = 0;                    // CPU kernels' threads; 0 = all cores
-  int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
-  double shutdown_notice_seconds = 0;     // NOT_SERVING but still serving, at shutdown
-  double drain_seconds = 30;              // grace for in-flight calls at shutdown
-  std::string metrics_address;            // host:port for /metrics; empty = off
-  std::string token_file;                 // `token tenant` lines; empty = open server
-  // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
-  // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.
-  int64_t store_budget_bytes = 0;
-  int64_t tenant_quota_bytes = 0;
-  int64_t max_tensor_bytes = StoreLimits{}.max_tensor_bytes;
-  int64_t max_tensors = StoreLimits{}.max_tensors;  // held at once, all tenants
-  double idle_expiry_seconds = StoreLimits{}.idle_expiry_seconds;  // 0 = never
-  // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
-  int64_t inflight_bytes = 0;
-  // A call waiting this long on its client (the next Upload message, a Download chunk or a
-  // reply not taken), plus 1 s per MiB in transit, is cancelled (StallWatch); 0 = never.
-  double stall_timeout_seconds = 120;
-};
 
 class FuseboxServer {
  public:

@@ -149,76 +149,28 @@ void* TrivialOutput(PreparedCall* p) {
   return p->trivial_bytes.data();
 }
 
+// The one input of Gelu, Softmax and RowSum, checked and set as the call's operand.
 template <typename Req>
-absl::StatusOr<PreparedCall> PrepareUnary(Op op, const Req& req, const RequestContext& ctx,
-                                          v1::Tensor* out) {
-  PreparedCall p;
-  auto a = CheckArg(req.input(), req.has_input(), "input", ctx, &p);
+absl::StatusOr<TensorArg> UnaryInput(Op op, const Req& req, const RequestContext& ctx,
+                                     PreparedCall* p) {
+  auto a = CheckArg(req.input(), req.has_input(), "input", ctx, p);
   if (!a.ok()) return a.status();
-  const bool keep = req.output_options().keep_on_server();
-  p.call.op = op;
-  p.call.dtype = a->dtype;
-  SetInput(0, *a, &p);
-  if (op == Op::kGelu) {
-    p.call.rows = 1;
-    p.call.cols = a->elements;
-    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) {
-      return s;
-    }
-    return p;
-  }
-  if (auto s = NeedRankAtLeast1(*a, OpName(op)); !s.ok()) return s;
-  const int64_t cols = a->shape.back();
-  p.call.cols = cols;
-  p.call.rows = cols == 0 ? 0 : a->elements / cols;
-  if (op == Op::kSoftmax) {
-    if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) {
-      return s;
-    }
-    return p;
-  }
-  // RowSum: float32 output without the last axis. An input with a zero-length
-  // last axis has no elements, yet its other axes may still multiply past int64:
-  // the output's size is checked on its own (a zero among them makes it empty).
-  std::vector<int64_t> oshape(a->shape.begin(), a->shape.end() - 1);
-  const int64_t obytes = ShapeBytes(sizeof(float), oshape);
-  if (obytes < 0) {
-    return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
-                                ": its output (every axis but the last) has more bytes "
-                                "than fit in 64 bits"));
-  }
-  const int64_t rows = obytes / static_cast<int64_t>(sizeof(float));
-  p.call.rows = rows;
-  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p, cols == 0); !s.ok()) {
-    return s;
-  }
-  if (cols == 0) {  // empty sums are zero
-    std::memset(TrivialOutput(&p), 0, p.call.output_bytes);
-    p.trivial = true;
-  }
-  return p;
+  p->call.op = op;
+  p->call.dtype = a->dtype;
+  SetInput(0, *a, p);
+  return a;
+}
+
+// Softmax and RowSum work on rows: the last axis is a row, every other axis counts rows.
+absl::Status SetRows(const TensorArg& a, PreparedCall* p) {
+  if (auto s = NeedRankAtLeast1(a, OpName(p->call.op)); !s.ok()) return s;
+  const int64_t cols = a.shape.back();
+  p->call.cols = cols;
+  p->call.rows = cols == 0 ? 0 : a.elements / cols;
+  return absl::OkStatus();
 }
 
 }  // namespace
-
-struct InflightBytes::Counter {
-  std::atomic<int64_t> used{0};
-};
-
-InflightBytes::InflightBytes(int64_t limit)
-    : limit_(limit), counter_(std::make_shared<Counter>()) {}
-
-std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes) {
-  int64_t now = counter_->used.load();
-  do {
-    // A call alone is always let in (its size has passed the message limits already), and
-    // one that holds nothing always is (even while a call alone is past the limit).
-    if (bytes > 0 && now > 0 && bytes > limit_ - now) return nullptr;
-  } while (!counter_->used.compare_exchange_weak(now, now + bytes));
-  return std::shared_ptr<void>(counter_.get(), [c = counter_, bytes](void*) { c->used -= bytes; });
-}
-
-int64_t InflightBytes::used() const { return counter_->used.load(); }
 
 absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what) {
   if (dtype == v1::DTYPE_UNSPECIFIED) {
@@ -254,17 +206,56 @@ absl::StatusOr<int64_t> CheckedBytes(DType dtype,
 
 absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const RequestContext& ctx,
                                          v1::Tensor* out) {
-  return PrepareUnary(Op::kGelu, req, ctx, out);
+  PreparedCall p;
+  auto a = UnaryInput(Op::kGelu, req, ctx, &p);
+  if (!a.ok()) return a.status();
+  p.call.rows = 1;  // elementwise: any shape is one flat row
+  p.call.cols = a->elements;
+  const bool keep = req.output_options().keep_on_server();
+  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) return s;
+  return p;
 }
 
 absl::StatusOr<PreparedCall> PrepareSoftmax(const v1::SoftmaxRequest& req,
                                             const RequestContext& ctx, v1::Tensor* out) {
-  return PrepareUnary(Op::kSoftmax, req, ctx, out);
+  PreparedCall p;
+  auto a = UnaryInput(Op::kSoftmax, req, ctx, &p);
+  if (!a.ok()) return a.status();
+  if (auto s = SetRows(*a, &p); !s.ok()) return s;
+  const bool keep = req.output_options().keep_on_server();
+  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) return s;
+  return p;
 }
 
 absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
                                            const RequestContext& ctx, v1::Tensor* out) {
-  return PrepareUnary(Op::kRowSum, req, ctx, out);
+  PreparedCall p;
+  auto a = UnaryInput(Op::kRowSum, req, ctx, &p);
+  if (!a.ok()) return a.status();
+  if (auto s = SetRows(*a, &p); !s.ok()) return s;
+  // A float32 output without the last axis. An input with a zero-length last axis has no
+  // elements, yet its other axes may still multiply past int64: the output's size is checked
+  // on its own (a zero among them makes it empty).
+  const int64_t cols = p.call.cols;
+  std::vector<int64_t> oshape(a->shape.begin(), a->shape.end() - 1);
+  const int64_t obytes = ShapeBytes(sizeof(float), oshape);
+  if (obytes < 0) {
+    return Invalid(absl::StrCat("RowSum of shape ", ShapeString(a->shape),
+                                ": its output (every axis but the last) has more bytes "
+                                "than fit in 64 bits"));
+  }
+  const int64_t rows = obytes / static_cast<int64_t>(sizeof(float));
+  p.call.rows = rows;
+  const bool keep = req.output_options().keep_on_server();
+  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p, cols == 0);
+      !s.ok()) {
+    return s;
+  }
+  if (cols == 0) {  // empty sums are zero
+    std::memset(TrivialOutput(&p), 0, p.call.output_bytes);
+    p.trivial = true;
+  }
+  return p;
 }
 
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,

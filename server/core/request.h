@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "fusebox/v1/kernel_service.pb.h"
 #include "server/exec/backend.h"
+#include "server/core/inflight_bytes.h"
 #include "server/core/tensor_store.h"
 
 namespace fusebox {
@@ -22,26 +23,6 @@ struct RequestLimits {
   int64_t max_inflight_bytes = 0;               // InflightBytes' limit; 0 = none
   double stall_timeout_seconds = 0;             // StallWatch's timeout; 0 = none
   int64_t max_message_bytes = int64_t{1} << 30;  // the largest message a client may send
-};
-
-// Host memory held by the inline tensors of calls accepted and not yet answered (their
-// requests, and their replies built in place, while queued or running), and by the messages
-// of transfers under way. A call that would pass the limit is RESOURCE_EXHAUSTED before its
-// output is allocated, so queued calls cannot take more memory than the host has.
-// Thread-safe.
-class InflightBytes {
- public:
-  explicit InflightBytes(int64_t limit);
-  // Reserves `bytes`; the reservation lasts as long as the returned token (null: over the
-  // limit, nothing reserved).
-  std::shared_ptr<void> TryReserve(int64_t bytes);
-  int64_t limit() const { return limit_; }
-  int64_t used() const;
-
- private:
-  struct Counter;
-  const int64_t limit_;
-  const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
 };
 
 // Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.

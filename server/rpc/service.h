@@ -2,6 +2,7 @@
 // request (server/core/request.h), submit the call to the backend and return; the
 // backend's thread finishes the RPC. Upload and Download stream chunks through
 // the backend's copy queue. No gRPC thread ever waits on compute or copies.
+// One concern a file: ops.cc, upload.cc, download.cc, tensors.cc; service.cc the shared parts.
 #pragma once
 
 #include <cstdint>
@@ -70,10 +71,10 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
                                                         const char* advice) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
-  // Validates and runs one op: the common body of the four op methods.
+  // Validates and runs one op: the common body of the four op methods (ops.cc).
   template <typename Req>
-  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const char* method, Op op,
-                                  const Req& req, v1::TensorRef* output, v1::Timing* timing);
+  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const Req& req,
+                                  v1::TensorRef* output, v1::Timing* timing);
 
   Backend* const backend_;
   Metrics* const metrics_;

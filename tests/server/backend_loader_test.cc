@@ -1,8 +1,9 @@
 // CreateBackend's choice: --backend=auto falls back to the CPU when no GPU is usable, but
-// not when the GPU options are out of range (INVALID_ARGUMENT: --streams, a negative
-// --cuda_device). The GPU side of it (a device ordinal past the last) is
-// tests/gpu/cuda_backend_test.cc's.
+// not when the GPU options are out of range: CheckOptions refuses those before any backend
+// is tried (INVALID_ARGUMENT: --streams, a negative --cuda_device). The GPU side of it (a
+// device ordinal past the last) is tests/gpu/cuda_backend_test.cc's.
 #include "server/backend_loader.h"
+#include "server/options.h"
 
 #include <gtest/gtest.h>
 
@@ -29,26 +30,24 @@ TEST(BackendLoader, CudaWithoutALoadableCudaModuleIsUnavailable) {
 TEST(BackendLoader, StreamsOutOfRangeAreInvalidArgumentNotACpuFallBack) {
   for (int streams : {0, kMaxCudaStreams + 1}) {
     for (const char* kind : {"auto", "cuda"}) {
-      BackendChoice c;
-      c.kind = kind;
-      c.cuda.streams = streams;
-      auto b = CreateBackend(c);
-      EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << kind << " " << streams;
-      EXPECT_NE(b.status().message().find("--streams must be 1..64"), absl::string_view::npos)
-          << b.status();
+      ServerOptions o;
+      o.backend.kind = kind;
+      o.backend.cuda.streams = streams;
+      const absl::Status s = CheckOptions(o);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << kind << " " << streams;
+      EXPECT_NE(s.message().find("--streams must be in 1..64"), absl::string_view::npos) << s;
     }
   }
 }
 
 TEST(BackendLoader, NegativeCudaDeviceIsInvalidArgumentNotACpuFallBack) {
   for (const char* kind : {"auto", "cuda"}) {
-    BackendChoice c;
-    c.kind = kind;
-    c.cuda.device = -1;
-    auto b = CreateBackend(c);
-    EXPECT_EQ(b.status().code(), absl::StatusCode::kInvalidArgument) << kind;
-    EXPECT_NE(b.status().message().find("--cuda_device must be >= 0"), absl::string_view::npos)
-        << b.status();
+    ServerOptions o;
+    o.backend.kind = kind;
+    o.backend.cuda.device = -1;
+    const absl::Status s = CheckOptions(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << kind;
+    EXPECT_NE(s.message().find("--cuda_device must be >= 0"), absl::string_view::npos) << s;
   }
 }
 
@@ -56,7 +55,12 @@ TEST(BackendLoader, UnknownKindIsInvalidArgument) {
   BackendChoice c;
   c.kind = "tpu";
   EXPECT_EQ(CreateBackend(c).status().code(), absl::StatusCode::kInvalidArgument);
+  ServerOptions o;
+  o.backend.kind = "tpu";
+  EXPECT_EQ(CheckOptions(o).code(), absl::StatusCode::kInvalidArgument);
 }
+
+TEST(ServerOptions, DefaultsPassTheirOwnCheck) { EXPECT_TRUE(CheckOptions(ServerOptions{}).ok()); }
 
 }  // namespace
 }  // namespace fusebox

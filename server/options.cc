@@ -1,0 +1,107 @@
+// CheckOptions (see options.h): every flag's range, in one place.
+#include "server/options.h"
+
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusebox {
+namespace {
+
+// gRPC listens on a host without a port at 443, and takes a port past 65535 modulo 2^16: a
+// typo would listen somewhere else. TCP addresses need HOST:PORT ([V6]:PORT for IPv6; after
+// a dns:///, ipv4: or ipv6: prefix too); socket addresses pass as they are.
+absl::Status CheckListenAddress(const std::string& address) {
+  if (IsSocketAddress(address)) return absl::OkStatus();
+  std::string hostport = address;
+  for (const char* scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (hostport.rfind(scheme, 0) == 0) hostport = hostport.substr(std::strlen(scheme));
+  }
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat("--address=", address, ": ", why));
+  };
+  size_t colon;
+  if (!hostport.empty() && hostport[0] == '[') {
+    const size_t close = hostport.find(']');
+    if (close == std::string::npos || close + 1 >= hostport.size() || hostport[close + 1] != ':') {
+      return bad("an IPv6 address takes the form [V6]:PORT");
+    }
+    colon = close + 1;
+  } else {
+    colon = hostport.find(':');
+    if (colon == std::string::npos) return bad("HOST:PORT needs the port (0 picks a free one)");
+    if (hostport.find(':', colon + 1) != std::string::npos) {
+      return bad("an IPv6 address takes the form [V6]:PORT");
+    }
+  }
+  const std::string port = hostport.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) > 65535) {
+    return bad("the port must be a number in 0..65535");
+  }
+  return absl::OkStatus();
+}
+
+constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
+
+}  // namespace
+
+bool IsSocketAddress(const std::string& address) {
+  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
+    if (address.rfind(scheme, 0) == 0) return true;
+  }
+  return false;
+}
+
+absl::Status CheckOptions(const ServerOptions& o) {
+  auto bad = [](const std::string& why) { return absl::InvalidArgumentError(why); };
+  const BackendChoice& b = o.backend;
+  if (b.kind != "auto" && b.kind != "cpu" && b.kind != "cuda") {
+    return bad(absl::StrCat("--backend=", b.kind, " is unknown: use auto, cpu or cuda"));
+  }
+  if (b.cpu.workers < 1) return bad("--workers must be >= 1");
+  if (b.cpu.queue_capacity < 1 || b.cuda.queue_capacity < 1) {
+    return bad("--queue_capacity must be >= 1");
+  }
+  // GPU options only where the CUDA backend is tried.
+  if (b.kind != "cpu") {
+    if (b.cuda.streams < 1 || b.cuda.streams > kMaxCudaStreams) {
+      return bad(absl::StrCat("--streams must be in 1..", kMaxCudaStreams, ", not ", b.cuda.streams));
+    }
+    if (b.cuda.device < 0) {  // no host has it (one past the last is the module's to say)
+      return bad(absl::StrCat("--cuda_device must be >= 0, not ", b.cuda.device));
+    }
+    if (b.cuda.staging_bytes > (size_t{1} << 40)) return bad("--staging_mib must be in 0..1048576");
+  }
+  if (o.cpu_threads < 0) return bad("--cpu_threads must be >= 0");
+  // At least 64 KiB: inline results get the limit less 4 KiB, downloads a chunk of it.
+  if (o.max_message_bytes < kMinMessageBytes || o.max_message_bytes > INT_MAX) {
+    return bad(absl::StrCat("--max_message_bytes must be in ", kMinMessageBytes, "..", INT_MAX,
+                            " (gRPC's limit)"));
+  }
+  if (absl::Status s = CheckListenAddress(o.address); !s.ok()) return s;
+  // Seconds: finite and at most a day (a double past int64 nanoseconds stopped at once).
+  auto seconds_ok = [](double s) { return std::isfinite(s) && s >= 0 && s <= 86400; };
+  if (!seconds_ok(o.drain_seconds) || !seconds_ok(o.shutdown_notice_seconds) ||
+      !seconds_ok(o.stall_timeout_seconds)) {
+    return bad("--drain_seconds, --shutdown_notice_s and --stall_timeout_s must be in 0..86400");
+  }
+  if (o.store_budget_bytes < 0 || o.tenant_quota_bytes < 0 || o.max_tensor_bytes < 0) {
+    return bad(absl::StrCat(
+        "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib));
+  }
+  if (o.max_tensors < 1) return bad("--max_tensors must be >= 1");
+  if (o.inflight_bytes < 0) return bad(absl::StrCat("--inflight_mib must be in 0..", kMaxMib));
+  if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
+    return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");
+  }
+  if (o.malloc_retain_bytes < 0) {
+    return bad(absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fusebox

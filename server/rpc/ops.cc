@@ -1,0 +1,161 @@
+// The four op RPCs. One request's path: method -> RunOp -> its op's Prepare (validate, resolve
+// handles, shape the output in place; server/core/request.h) -> Backend::Check ->
+// Backend::Submit -> a backend thread -> done: commit a kept output, timing and metrics ->
+// Finish. kOps below is the one place that ties a request type to its op.
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/service.h"
+#include "server/rpc/service_parts.h"
+#include "server/rpc/status_util.h"
+
+namespace fusebox {
+namespace {
+
+void FillTiming(const OpTiming& t, const Backend& backend, v1::Timing* out) {
+  out->set_queue_us(t.queue_us);
+  out->set_copy_in_us(t.copy_in_us);
+  out->set_launch_us(t.launch_us);
+  out->set_kernel_us(t.kernel_us);
+  out->set_copy_out_us(t.copy_out_us);
+  out->set_total_us(t.total_us);
+  out->set_backend(backend.name());
+  out->set_device(backend.device());
+  out->set_stream(t.stream);
+}
+
+// Each op's request type, its Op and the function that checks and prepares it.
+template <typename Req>
+struct OpSpec;
+template <>
+struct OpSpec<v1::GeluRequest> {
+  static constexpr Op kOp = Op::kGelu;
+  static constexpr auto Prepare = &PrepareGelu;
+};
+template <>
+struct OpSpec<v1::SoftmaxRequest> {
+  static constexpr Op kOp = Op::kSoftmax;
+  static constexpr auto Prepare = &PrepareSoftmax;
+};
+template <>
+struct OpSpec<v1::RowSumRequest> {
+  static constexpr Op kOp = Op::kRowSum;
+  static constexpr auto Prepare = &PrepareRowSum;
+};
+template <>
+struct OpSpec<v1::MatmulReluRequest> {
+  static constexpr Op kOp = Op::kMatmulRelu;
+  static constexpr auto Prepare = &PrepareMatmulRelu;
+};
+
+}  // namespace
+
+template <typename Req>
+grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
+                                                   const Req& req, v1::TensorRef* output,
+                                                   v1::Timing* timing) {
+  constexpr Op op = OpSpec<Req>::kOp;
+  const int64_t arrived = SteadyNowNs();
+  auto* reactor = new OpReactor(store_, &stalls_, ctx);
+  if (metrics_) metrics_->CallStarted();
+  CallRecord record;
+  record.method = OpName(op);
+  record.op = op;
+  // Ends the call: one place for timing, metrics and Finish. A kept output is committed
+  // only while the caller still waits for its handle.
+  auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
+                                                     const OpTiming& t, PreparedCall* p) {
+    if (s.ok() && p->kept_output && ctx->IsCancelled()) {
+      s = absl::CancelledError(
+          "the call was cancelled or passed its deadline; its output was not kept");
+    }
+    record.grpc_code = static_cast<int>(s.code());
+    if (s.ok()) {
+      if (p->kept_output) {
+        store_->Commit(p->kept_output);
+        output->set_handle(p->kept_output->handle);
+        reactor->Kept(*p->kept_output);
+      }
+      FillTiming(t, *backend_, timing);
+      record.ran = true;
+      record.timing = t;
+    } else {
+      record.bytes_out = 0;
+    }
+    if (metrics_) {
+      metrics_->RecordCall(record);
+      metrics_->CallFinished();
+    }
+    reactor->Reply(ToGrpcStatus(s), record.bytes_out);
+  };
+
+  absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
+  if (auto c = Context(*ctx); !c.ok()) {
+    prepared = c.status();
+  } else {
+    try {
+      prepared = OpSpec<Req>::Prepare(req, *c, output->mutable_tensor());
+    } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now
+      output->Clear();
+      prepared = absl::ResourceExhaustedError(
+          "the server is out of host memory for this call's output; retry later or keep the "
+          "output on the server");
+    }
+  }
+  if (!prepared.ok()) {
+    PreparedCall none;
+    finish(record, prepared.status(), OpTiming{}, &none);
+    return reactor;
+  }
+  auto p = std::make_shared<PreparedCall>(*std::move(prepared));
+  reactor->Hold(std::move(p->inflight));
+  record.dtype = p->call.dtype;
+  record.bytes_in = p->bytes_in;
+  record.bytes_out = p->bytes_out;
+  if (p->trivial && p->trivial_bytes.empty()) {
+    OpTiming t;
+    t.total_us = (SteadyNowNs() - arrived) / 1e3;
+    finish(record, absl::OkStatus(), t, p.get());
+    return reactor;
+  }
+  auto done = [finish, record, p](absl::Status s, const OpTiming& t) {
+    finish(record, s, t, p.get());
+  };
+  p->call.abandoned = [ctx] { return ctx->IsCancelled(); };  // ctx outlives `done`
+  if (p->trivial) {  // a kept output whose value needs no kernel: copy it in
+    backend_->SubmitWrite(p->kept_output->buffer.get(), 0, p->trivial_bytes.data(),
+                          p->trivial_bytes.size(), arrived, std::move(done));
+  } else {
+    backend_->Submit(p->call, arrived, std::move(done));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::Gelu(grpc::CallbackServerContext* ctx,
+                                                  const v1::GeluRequest* req,
+                                                  v1::GeluResponse* resp) {
+  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::Softmax(grpc::CallbackServerContext* ctx,
+                                                     const v1::SoftmaxRequest* req,
+                                                     v1::SoftmaxResponse* resp) {
+  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::RowSum(grpc::CallbackServerContext* ctx,
+                                                    const v1::RowSumRequest* req,
+                                                    v1::RowSumResponse* resp) {
+  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerContext* ctx,
+                                                        const v1::MatmulReluRequest* req,
+                                                        v1::MatmulReluResponse* resp) {
+  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+}
+
+}  // namespace fusebox

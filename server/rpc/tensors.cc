@@ -1,0 +1,95 @@
+// FreeTensor and ListTensors: what a tenant holds.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/service.h"
+#include "server/rpc/service_parts.h"
+#include "server/rpc/status_util.h"
+
+namespace fusebox {
+namespace {
+
+// A ListTensors reply smaller than this takes no in-flight budget.
+constexpr int64_t kSmallReplyBytes = 64 << 10;
+
+}  // namespace
+
+grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerContext* ctx,
+                                                        const v1::FreeTensorRequest* req,
+                                                        v1::FreeTensorResponse* resp) {
+  StartOther();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::Status status;
+  auto c = Context(*ctx);
+  if (!c.ok()) {
+    status = ToGrpcStatus(c.status());
+  } else if (store_ == nullptr) {
+    status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors");
+  } else if (auto freed = store_->Free(c->tenant, req->handle()); !freed.ok()) {
+    status = ToGrpcStatus(freed.status());
+  } else {
+    resp->set_freed_bytes(*freed);
+  }
+  RecordOther("FreeTensor", status, 0, 0);
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerContext* ctx,
+                                                         const v1::ListTensorsRequest* req,
+                                                         v1::ListTensorsResponse* resp) {
+  StartOther();
+  // A listing can be large (a tenant's every tensor and shape): it holds in-flight budget for
+  // itself and gRPC's copy, and the stall watch ends it if the client does not take it.
+  auto* reactor = new OpReactor(store_, &stalls_, ctx);
+  std::shared_ptr<void> held;
+  const grpc::Status status = ListInto(*ctx, *req, resp, &held);
+  if (!status.ok()) resp->Clear();
+  reactor->Hold(std::move(held));
+  RecordOther("ListTensors", status, 0, 0);
+  reactor->Reply(status, static_cast<int64_t>(resp->ByteSizeLong()));
+  return reactor;
+}
+
+grpc::Status KernelServiceImpl::ListInto(const grpc::CallbackServerContext& ctx,
+                                         const v1::ListTensorsRequest& req,
+                                         v1::ListTensorsResponse* resp,
+                                         std::shared_ptr<void>* held) const {
+  auto c = Context(ctx);
+  if (!c.ok()) return ToGrpcStatus(c.status());
+  if (store_ == nullptr) return grpc::Status::OK;  // nothing held
+  std::vector<std::shared_ptr<StoredTensor>> tensors;
+  if (!req.handle().empty()) {
+    auto t = store_->Get(c->tenant, req.handle());
+    if (!t.ok()) return ToGrpcStatus(t.status());
+    tensors.push_back(*std::move(t));
+  } else {
+    tensors = store_->List(c->tenant);
+  }
+  // The reply's size at most (a TensorInfo: its handle, 10 bytes an axis, 64 for the rest),
+  // checked and reserved before a byte of it is built.
+  int64_t bytes = 64;
+  for (const auto& t : tensors) {
+    bytes += static_cast<int64_t>(t->handle.size() + 10 * t->shape.size()) + 64;
+  }
+  if (bytes > limits_.max_output_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the listing of ", tensors.size(), " tensors could take ",
+                                     bytes, " bytes, over the ", limits_.max_output_bytes,
+                                     " a reply may hold; ask for one handle at a time"));
+  }
+  if (bytes >= kSmallReplyBytes) {  // a listing of a few tensors takes no budget
+    auto token = ReserveTransfer(2 * bytes, "listing", ", or ask for one handle at a time");
+    if (!token.ok()) return ToGrpcStatus(token.status());
+    *held = *std::move(token);
+  }
+  for (const auto& t : tensors) FillInfo(*t, resp->add_tensors());
+  resp->set_used_bytes(store_->TenantUsedBytes(c->tenant));
+  resp->set_quota_bytes(store_->limits().tenant_quota_bytes);
+  return grpc::Status::OK;
+}
+
+}  // namespace fusebox

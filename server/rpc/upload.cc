@@ -1,0 +1,163 @@
+// Upload: a client stream of one header and the tensor's bytes, copied in as they arrive.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/rpc/service.h"
+#include "server/rpc/service_parts.h"
+#include "server/rpc/status_util.h"
+
+namespace fusebox {
+namespace {
+
+// More than an Upload message's fields other than its data take.
+constexpr int64_t kMessageFramingBytes = 4 << 10;
+
+}  // namespace
+
+// Upload: header first, then each chunk is copied into the tensor's memory
+// through the backend (pinned staging -> device on CUDA) before the next chunk
+// is read, so host memory holds at most one chunk of the tensor at a time.
+// The tensor becomes visible (gets its handle) only after the last byte.
+class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+ public:
+  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
+      : svc_(svc), ctx_(ctx), resp_(resp), stall_(&svc->stalls_, ctx) {
+    svc_->StartOther();
+    auto c = svc_->Context(*ctx);
+    if (!c.ok()) {
+      End(ToGrpcStatus(c.status()));
+      return;
+    }
+    if (svc_->store_ == nullptr) {
+      End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      return;
+    }
+    tenant_ = c->tenant;
+    Read();
+  }
+
+  void OnReadDone(bool ok) override {
+    stall_.Working();
+    if (!ok) {  // the client closed its side, or the call broke
+      Complete();
+      return;
+    }
+    if (!tensor_) {
+      if (auto s = Begin(); !s.ok()) return Fail(s);
+    } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0) {
+      return Fail(absl::InvalidArgumentError("dtype and shape belong in the first message only"));
+    }
+    const int64_t n = static_cast<int64_t>(msg_.data().size());
+    if (written_ + n > tensor_->bytes) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("the upload sent more than the ", tensor_->bytes, " bytes its shape needs")));
+    }
+    if (n == 0) {
+      Read();
+      return;
+    }
+    if (n > held_bytes_) {  // this message, in host memory until it is copied in
+      held_.reset();
+      auto token = svc_->ReserveTransfer(n, "upload", ", or send smaller messages");
+      if (!token.ok()) return Fail(token.status());
+      held_ = *std::move(token);
+      held_bytes_ = n;
+    }
+    svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
+                                msg_.data().data(), static_cast<size_t>(n), SteadyNowNs(),
+                                [this, n](absl::Status s, const OpTiming&) {
+                                  if (!s.ok()) return Fail(s);
+                                  written_ += n;
+                                  Read();
+                                });
+  }
+
+  // An uncommitted tensor is freed here, and so is a committed one whose reply never reached
+  // the client (it cancelled after the last byte).
+  void OnDone() override {
+    if (tensor_ && !tensor_->handle.empty() && ctx_->IsCancelled()) {
+      svc_->store_->Free(tenant_, tensor_->handle).IgnoreError();
+    }
+    delete this;
+  }
+
+ private:
+  // The next message is allowed as long as the largest it could be needs (StallWatch): the
+  // first, with the header, up to the message limit; a later one, the bytes still missing and
+  // its framing. So a client sending at 1 MiB/s or faster is never cancelled, however it
+  // sizes its messages.
+  void Read() {
+    const int64_t limit = svc_->limits_.max_message_bytes;
+    stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
+                           : limit);
+    StartRead(&msg_);
+  }
+
+  absl::Status Begin() {
+    started_ns_ = SteadyNowNs();
+    auto dtype = CheckedDType(msg_.dtype(), "upload");
+    if (!dtype.ok()) return dtype.status();
+    auto bytes = CheckedBytes(*dtype, msg_.shape(), "upload");
+    if (!bytes.ok()) return bytes.status();
+    std::vector<int64_t> shape(msg_.shape().begin(), msg_.shape().end());
+    auto t = svc_->store_->Create(tenant_, *dtype, shape);
+    if (!t.ok()) return t.status();
+    tensor_ = *std::move(t);
+    return absl::OkStatus();
+  }
+
+  void Complete() {
+    // Reads end both when the client closes its side and when the call breaks.
+    if (ctx_->IsCancelled()) {
+      return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
+    }
+    if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
+    if (written_ != tensor_->bytes) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "the upload ended after ", written_, " of ", tensor_->bytes, " bytes; nothing was kept")));
+    }
+    svc_->store_->Commit(tensor_);
+    FillInfo(*tensor_, resp_->mutable_tensor());
+    const double secs = (SteadyNowNs() - started_ns_) / 1e9;
+    resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    End(grpc::Status::OK);
+  }
+
+  void Fail(const absl::Status& s) {
+    tensor_.reset();  // frees memory and reservation
+    End(ToGrpcStatus(s));
+  }
+
+  // No copy is in flight here: the message buffer and its budget go back before the status
+  // does, so the client's next call finds them free.
+  void End(const grpc::Status& s) {
+    svc_->RecordOther("Upload", s, written_, 0);
+    msg_.Clear();
+    held_.reset();
+    stall_.Waiting();
+    Finish(s);
+  }
+
+  KernelServiceImpl* const svc_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::UploadResponse* const resp_;
+  std::string tenant_;
+  v1::UploadRequest msg_;
+  std::shared_ptr<StoredTensor> tensor_;
+  int64_t written_ = 0;
+  int64_t started_ns_ = 0;
+  std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
+  int64_t held_bytes_ = 0;      // the largest message so far
+  StallWatch::Call stall_;  // last: leaves the watch first
+};
+
+grpc::ServerReadReactor<v1::UploadRequest>* KernelServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+  return new UploadReactor(this, ctx, resp);
+}
+
+}  // namespace fusebox
