@@ -1,4 +1,6 @@
-// WorkQueue: bounded, drains on shutdown, runs jobs concurrently on indexed workers.
+// WorkQueue: bounded, drains on shutdown, runs jobs concurrently on indexed workers; and the
+// QueuedExecutor over it: timing from arrival, refusals that name the backend.
+#include "server/exec/queued_executor.h"
 #include "server/exec/work_queue.h"
 
 #include <gtest/gtest.h>
@@ -101,6 +103,63 @@ TEST(WorkQueue, WorkersRunConcurrentlyWithDistinctIndices) {
   ASSERT_EQ(fa.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   ASSERT_EQ(fb.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_NE(fa.get(), fb.get());
+}
+
+}  // namespace
+}  // namespace fusebox
+
+namespace fusebox {
+namespace {
+
+TEST(QueuedExecutor, TimesEachJobFromArrivalAndNamesTheWorker) {
+  QueuedExecutor exec("test", 1, 4);
+  std::promise<std::pair<absl::Status, OpTiming>> got;
+  const int64_t arrived = SteadyNowNs() - 2000000;  // 2 ms before the push
+  exec.Run(arrived, [&](absl::Status s, const OpTiming& t) { got.set_value({s, t}); },
+           [](int worker, OpTiming* t) {
+             t->kernel_us = 5;
+             return worker == 0 ? absl::OkStatus() : absl::InternalError("worker");
+           });
+  auto [status, t] = got.get_future().get();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(t.stream, 0);
+  EXPECT_EQ(t.kernel_us, 5);
+  EXPECT_GE(t.queue_us, 2000);
+  EXPECT_GE(t.total_us, t.queue_us);
+  exec.Shutdown();
+}
+
+TEST(QueuedExecutor, AFullQueueIsRefusedAtOnceNamingTheBackendAndItsCapacity) {
+  QueuedExecutor exec("test", 1, 1);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<int> ran{0};
+  auto block = [&](int, OpTiming*) {
+    released.wait();
+    ++ran;
+    return absl::OkStatus();
+  };
+  exec.Run(SteadyNowNs(), [](absl::Status, const OpTiming&) {}, block);  // running
+  BackendStats s;
+  for (int i = 0; i < 1000; ++i) {  // until the first job has left the queue for the worker
+    exec.FillStats(&s);
+    if (s.busy == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(s.busy, 1);
+  exec.Run(SteadyNowNs(), [](absl::Status, const OpTiming&) {}, block);  // queued
+  absl::Status refused;
+  exec.Run(SteadyNowNs(), [&](absl::Status st, const OpTiming&) { refused = st; }, block);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.message().find("the test backend's queue is full (1 calls)"),
+            absl::string_view::npos)
+      << refused;
+  release.set_value();
+  exec.Shutdown();
+  EXPECT_EQ(ran.load(), 2);
+  absl::Status after;
+  exec.Run(SteadyNowNs(), [&](absl::Status st, const OpTiming&) { after = st; }, block);
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// CpuBackend: runs OpCalls with kernels/cpu on a WorkQueue. Copies are zero:
+// CpuBackend: runs OpCalls with kernels/cpu on a QueuedExecutor. Copies are zero:
 // kernels read the request's bytes and write the response's bytes in place.
 // Resident buffers are host memory, so a resident operand is used in place too.
 #include "server/backends/cpu/cpu_backend.h"
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
-#include "server/exec/work_queue.h"
+#include "server/exec/queued_executor.h"
 
 namespace fusebox {
 namespace {
@@ -30,14 +30,14 @@ absl::Status RunOnCpu(const OpCall& c) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& o) : queue_(o.workers, o.queue_capacity) {}
+  explicit CpuBackend(const CpuBackendOptions& o) : exec_("CPU", o.workers, o.queue_capacity) {}
   ~CpuBackend() override { Shutdown(); }
 
   std::string name() const override { return "cpu"; }
   std::string device() const override { return "cpu"; }
 
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
-    Enqueue(enqueued_ns, std::move(done), [call](OpTiming* t) {
+    exec_.Run(enqueued_ns, std::move(done), [call](int, OpTiming* t) {
       if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
       const int64_t start = SteadyNowNs();
       absl::Status s = RunOnCpu(call);
@@ -61,7 +61,7 @@ class CpuBackend final : public Backend {
       done(absl::InvalidArgumentError("write past the end of the tensor"), OpTiming{});
       return;
     }
-    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+    exec_.Run(enqueued_ns, std::move(done), [=](int, OpTiming* t) {
       const int64_t start = SteadyNowNs();
       std::memcpy(static_cast<uint8_t*>(dst->data()) + offset, src, bytes);
       t->copy_in_us = (SteadyNowNs() - start) / 1e3;
@@ -75,7 +75,7 @@ class CpuBackend final : public Backend {
       done(absl::InvalidArgumentError("read past the end of the tensor"), OpTiming{});
       return;
     }
-    Enqueue(enqueued_ns, std::move(done), [=](OpTiming* t) {
+    exec_.Run(enqueued_ns, std::move(done), [=](int, OpTiming* t) {
       const int64_t start = SteadyNowNs();
       std::memcpy(dst, static_cast<const uint8_t*>(src->data()) + offset,
                   bytes);
@@ -86,13 +86,11 @@ class CpuBackend final : public Backend {
 
   BackendStats stats() const override {
     BackendStats s;
-    s.queued = static_cast<int64_t>(queue_.queued());
-    s.busy = queue_.busy();
-    s.workers = queue_.workers();
+    exec_.FillStats(&s);
     return s;
   }
 
-  void Shutdown() override { queue_.Shutdown(); }
+  void Shutdown() override { exec_.Shutdown(); }
 
  private:
   class HostBuffer final : public Buffer {
@@ -106,29 +104,7 @@ class CpuBackend final : public Backend {
     size_t size_;
   };
 
-  // Runs `work` on a worker; fills queue and total time around it. `continuation`: a
-  // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
-  template <typename Work>
-  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false) {
-    // `done` is moved into the job only when the push succeeds.
-    auto shared_done = std::make_shared<OpDone>(std::move(done));
-    const bool queued = queue_.TryPush([enqueued_ns, shared_done, work](int worker) {
-      OpTiming t;
-      t.stream = worker;
-      t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-      absl::Status s = work(&t);
-      t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-      (*shared_done)(std::move(s), t);
-    }, continuation);
-    if (!queued) {
-      (*shared_done)(queue_.stopping()
-                         ? absl::UnavailableError("the server is shutting down")
-                         : absl::ResourceExhaustedError("the CPU backend's queue is full; retry later"),
-                     OpTiming{});
-    }
-  }
-
-  WorkQueue queue_;
+  QueuedExecutor exec_;
 };
 
 }  // namespace

@@ -1,0 +1,43 @@
+// QueuedExecutor (see queued_executor.h).
+#include "server/exec/queued_executor.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace fusebox {
+
+QueuedExecutor::QueuedExecutor(std::string backend, int workers, size_t capacity)
+    : backend_(std::move(backend)), capacity_(capacity), queue_(workers, capacity) {}
+
+void QueuedExecutor::Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation) {
+  // `done` is shared so that it is still ours to call when the push fails.
+  auto shared_done = std::make_shared<OpDone>(std::move(done));
+  const bool queued = queue_.TryPush(
+      [enqueued_ns, shared_done, work = std::move(work)](int worker) {
+        OpTiming t;
+        t.stream = worker;
+        t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+        absl::Status s = work(worker, &t);
+        t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+        (*shared_done)(std::move(s), t);
+      },
+      continuation);
+  if (!queued) {
+    (*shared_done)(queue_.stopping()
+                       ? absl::UnavailableError("the server is shutting down")
+                       : absl::ResourceExhaustedError(absl::StrCat(
+                             "the ", backend_, " backend's queue is full (", capacity_,
+                             " calls); retry later")),
+                   OpTiming{});
+  }
+}
+
+void QueuedExecutor::FillStats(BackendStats* s) const {
+  s->queued = static_cast<int64_t>(queue_.queued());
+  s->busy = queue_.busy();
+  s->workers = queue_.workers();
+}
+
+}  // namespace fusebox
