@@ -1,6 +1,6 @@
 # fusebox-server for GPU nodes. Build stage: CUDA toolkit + the C++ dependencies
 # from the distribution's packages; runtime stage: CUDA runtime + cuBLAS and the
-# server with the libraries it links (bundled as scripts/device_bundle.sh does).
+# server with the libraries it links (bundled as tools/gpu/device_bundle.sh does).
 #   docker build -t fusebox .
 #   docker run --gpus all -p 50051:50051 -p 9464:9464 fusebox
 # Without a GPU the same image serves on the CPU (--backend=auto).
@@ -12,9 +12,9 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFUSEBOX_TESTS=OFF -DFUSEBOX_CUDA=ON \
+RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFUSEBOX_TESTS=OFF -DFUSEBOX_BENCH=OFF -DFUSEBOX_CUDA=ON \
     && cmake --build build -j"$(nproc)" --target fusebox-server fusebox_cuda_backend fusebox \
-    && BUNDLE_GZIP=0 scripts/device_bundle.sh build/server/fusebox-server build/server/libfusebox_cuda_backend.so \
+    && BUNDLE_GZIP=0 tools/gpu/device_bundle.sh build/server/fusebox-server build/server/libfusebox_cuda_backend.so \
        build/client/fusebox \
     && mkdir -p /opt/fusebox && cp -r .bundle/bin .bundle/lib /opt/fusebox/
 
