@@ -3,10 +3,12 @@
 // symbol, submit OpCalls and check results against the fp64 reference, that
 // concurrent calls run on different streams and overlap, that an impossible
 // allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that rows
-// past the kernels' longest are INVALID_ARGUMENT, that an abandoned call is
-// answered CANCELLED without being computed, that a broken context turns later
-// calls UNAVAILABLE and that first launches work while the pool holds all free device
-// memory (each in a child process), and that timings add up. Skips when the module cannot be loaded or finds no GPU.
+// past the kernels' longest are INVALID_ARGUMENT (and Check says so before
+// anything is queued), that an abandoned call is answered CANCELLED without
+// being computed, that a broken context turns later calls UNAVAILABLE and that
+// first launches work while the pool holds all free device memory (each in a
+// child process), and that timings add up. Skips when the module cannot be
+// loaded or finds no GPU.
 // Module path: $FUSEBOX_CUDA_MODULE, else next to this executable, else the
 // build tree's. Cost: a few seconds on the H200.
 #include <dlfcn.h>
@@ -346,6 +348,41 @@ TEST_F(CudaBackendTest, RowsPastTheKernelsLongestAreInvalidArgument) {
   const Result ok = SubmitSync(*backend_, h.call);
   ASSERT_TRUE(ok.status.ok()) << ok.status;
   EXPECT_TRUE(h.Check(Tol(Op::kSoftmax, DType::kFloat16)).ok);
+}
+
+// Check gives a call the error Submit would, without queueing it or touching its buffers
+// (none are given here); Submit itself answers such a call before it returns.
+TEST_F(CudaBackendTest, CheckRefusesRowsPastTheKernelsLongestBeforeAnythingIsQueued) {
+  for (Op op : {Op::kSoftmax, Op::kRowSum}) {
+    SCOPED_TRACE(OpName(op));
+    OpCall c;
+    c.op = op;
+    c.dtype = DType::kFloat16;
+    c.rows = 1;
+    c.cols = (int64_t{1} << 30) + 1;  // as in RowsPastTheKernelsLongestAreInvalidArgument
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    const absl::Status checked = backend_->Check(c);
+    EXPECT_TRUE(absl::IsInvalidArgument(checked)) << checked;
+    EXPECT_NE(checked.message().find("too long"), std::string::npos) << checked;
+    auto answer = std::make_shared<std::promise<absl::Status>>();
+    auto answered = answer->get_future();
+    backend_->Submit(c, NowNs(), [answer](absl::Status s, const OpTiming&) {
+      answer->set_value(std::move(s));
+    });
+    ASSERT_EQ(answered.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+        << "answered from the queue, not before it";
+    EXPECT_EQ(answered.get(), checked);
+    // The longest row each path takes is accepted: 2^30 - 1 scalar accesses.
+    c.cols = (int64_t{1} << 30) - 1;
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    c.inputs[0] = &c;  // Check reads no operand; it wants them present
+    c.output = &c;
+    EXPECT_TRUE(backend_->Check(c).ok()) << backend_->Check(c);
+  }
+  HostCall h = MakeMatmul(DType::kBFloat16, 64, 48, 32, true, MatmulImpl::kDefault, 11);
+  EXPECT_TRUE(backend_->Check(h.call).ok());
+  h.call.output_bytes -= 2;
+  EXPECT_TRUE(absl::IsInvalidArgument(backend_->Check(h.call)));
 }
 
 TEST_F(CudaBackendTest, AnAbandonedCallIsCancelledWithoutBeingComputed) {

@@ -11,8 +11,9 @@
 //   gate -> record go -> kernel -> record kernel -> open the gate -> device ->
 //   pinned -> host, pipelined -> record out -> free to the pool
 //   (stream-ordered; not the scratch) -> done(status, timing).
-// The worker blocks on its own stream; gRPC threads never do (Submit only
-// queues). Calls on different workers use different streams and overlap.
+// The worker blocks on its own stream; gRPC threads never do (Check only
+// looks at the call, Submit only queues). Calls on different workers use
+// different streams and overlap.
 // Timing: copy_in/launch/kernel/copy_out from cudaEventElapsedTime between
 // those events (launch = in -> go, the host's launch work behind the gate;
 // copy_out adds the host's last pinned -> destination copies, which follow
@@ -120,6 +121,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::string device() const override { return device_name_; }
+  absl::Status Check(const OpCall& call) const override;
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override;
   BackendStats stats() const override;
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
@@ -325,6 +327,10 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool cont
 }
 
 void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
+  if (absl::Status s = Check(call); !s.ok()) {  // refused before it waits in the queue
+    done(std::move(s), OpTiming{});
+    return;
+  }
   Enqueue(enqueued_ns, std::move(done),
           [this, call](StreamWorker& w, OpTiming* t) {
             if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
@@ -495,6 +501,9 @@ absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
   if (s.out > 0 && c.output == nullptr) return absl::InvalidArgumentError("output is missing");
   return s;
 }
+
+// Everything SizesOf refuses depends on the call alone, so it is all asked before queueing.
+absl::Status CudaBackend::Check(const OpCall& call) const { return SizesOf(call).status(); }
 
 absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t) {
   absl::StatusOr<Sizes> sizes = SizesOf(c);
