@@ -2,7 +2,8 @@
 // turns it into an OpCall (host views of inline inputs and of the output's
 // destination), asks the backend whether it can run it (Check) and submits it;
 // a backend runs it and calls `done` exactly once, from one of its own threads.
-// Neither Check nor Submit blocks on compute.
+// Nothing here that the RPC threads call waits on compute: Check, Submit,
+// Allocate and destroying a Buffer return without waiting for a device.
 //
 // Backends: CpuBackend (server/backends/cpu/cpu_backend.cc, always built in) and the CUDA
 // backend, a module loaded with dlopen (server/backend_loader.h says why).
@@ -94,7 +95,9 @@ struct BackendStats {
 };
 
 // Memory a backend holds for the tensor store: device memory on CUDA, host
-// memory on the CPU. Destroying it returns the memory to the backend.
+// memory on the CPU. Destroying it returns the memory to the backend without
+// waiting for the device, so destroy it only after every call and copy that
+// uses it has had its `done`.
 class Buffer {
  public:
   virtual ~Buffer() = default;
@@ -121,7 +124,9 @@ class Backend {
   virtual void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) = 0;
   virtual BackendStats stats() const = 0;
 
-  // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED.
+  // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED. Called on
+  // RPC threads: it never waits for the device (the memory is ready for every call and
+  // copy submitted after it returns).
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes);
   // Host <-> buffer copies, queued and run like calls (never on the caller's
   // thread); `done` gets copy_in_us (write) or copy_out_us (read). A copy at

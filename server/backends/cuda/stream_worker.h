@@ -90,6 +90,10 @@ class StreamWorker {
   // pinned -> destination after that event (not covered by the event).
   cudaError_t CopyOut(const HostSpan& span, cudaEvent_t done_event, int64_t* tail_ns);
 
+  // How many of the backend's resident allocations stream() has been made to wait for
+  // (CudaBackend::OrderAfterAllocations): a worker waits again only after a new one.
+  uint64_t allocations_seen = 0;
+
  private:
   StreamWorker() = default;
 
