@@ -1,7 +1,9 @@
 // The seam between the RPC layer and compute. The service validates a request,
 // turns it into an OpCall (host views of inline inputs and of the output's
-// destination) and submits it; a backend runs it and calls `done` exactly once,
-// from one of its own threads. Submit never blocks on compute.
+// destination), asks the backend whether it can run it (Check) and submits it;
+// a backend runs it and calls `done` exactly once, from one of its own threads.
+// Nothing here that the RPC threads call waits on compute: Check, Submit,
+// Allocate and destroying a Buffer return without waiting for a device.
 //
 // Backends: CpuBackend (server/backends/cpu/cpu_backend.cc, always built in) and the CUDA
 // backend, a module loaded with dlopen (server/backend_loader.h says why).
@@ -93,7 +95,9 @@ struct BackendStats {
 };
 
 // Memory a backend holds for the tensor store: device memory on CUDA, host
-// memory on the CPU. Destroying it returns the memory to the backend.
+// memory on the CPU. Destroying it returns the memory to the backend without
+// waiting for the device, so destroy it only after every call and copy that
+// uses it has had its `done`.
 class Buffer {
  public:
   virtual ~Buffer() = default;
@@ -110,12 +114,19 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;    // "cpu" or "cuda"
   virtual std::string device() const = 0;  // e.g. "cuda:0 NVIDIA H200"
+  // Whether this backend can run the call (e.g. the longest row its kernels take): OK, or
+  // the error Submit would give it, so that a call it cannot run is refused before it waits
+  // in the queue or holds memory. Cheap, never blocks, callable from any thread. The service
+  // asks it about every call it submits; results that need no kernel are not submitted.
+  virtual absl::Status Check(const OpCall& call) const;
   // Queues the call. When the queue is full `done` gets RESOURCE_EXHAUSTED
   // at once. `enqueued_ns` (steady clock) is when the request arrived.
   virtual void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) = 0;
   virtual BackendStats stats() const = 0;
 
-  // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED.
+  // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED. Called on
+  // RPC threads: it never waits for the device (the memory is ready for every call and
+  // copy submitted after it returns).
   virtual absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes);
   // Host <-> buffer copies, queued and run like calls (never on the caller's
   // thread); `done` gets copy_in_us (write) or copy_out_us (read). A copy at
@@ -129,6 +140,9 @@ class Backend {
   // Stops taking calls, finishes the queued ones, joins threads. Idempotent.
   virtual void Shutdown() = 0;
 };
+
+// A backend whose kernels take every valid call (the CPU's) keeps this.
+inline absl::Status Backend::Check(const OpCall&) const { return absl::OkStatus(); }
 
 // Defaults for backends without resident memory.
 inline absl::StatusOr<std::unique_ptr<Buffer>> Backend::Allocate(size_t) {

@@ -105,6 +105,14 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
           "output on the server");
     }
   }
+  // A call the backend cannot run is refused before it waits in the queue; dropping the
+  // prepared call gives back its kept output and its in-flight bytes at once.
+  if (prepared.ok() && !prepared->trivial) {
+    if (absl::Status s = backend_->Check(prepared->call); !s.ok()) {
+      output->Clear();
+      prepared = std::move(s);
+    }
+  }
   if (!prepared.ok()) {
     PreparedCall none;
     finish(record, prepared.status(), OpTiming{}, &none);

@@ -3,10 +3,13 @@
 // symbol, submit OpCalls and check results against the fp64 reference, that
 // concurrent calls run on different streams and overlap, that an impossible
 // allocation is RESOURCE_EXHAUSTED and the backend keeps serving, that rows
-// past the kernels' longest are INVALID_ARGUMENT, that an abandoned call is
-// answered CANCELLED without being computed, that a broken context turns later
-// calls UNAVAILABLE and that first launches work while the pool holds all free device
-// memory (each in a child process), and that timings add up. Skips when the module cannot be loaded or finds no GPU.
+// past the kernels' longest are INVALID_ARGUMENT (and Check says so before
+// anything is queued), that an abandoned call is answered CANCELLED without
+// being computed, that a broken context turns later calls UNAVAILABLE, that
+// first launches work while the pool holds all free device memory, and that
+// Allocate and freeing a buffer do not wait for a running kernel (each of the
+// last three in a child process), and that timings add up. Skips when the
+// module cannot be loaded or finds no GPU.
 // Module path: $FUSEBOX_CUDA_MODULE, else next to this executable, else the
 // build tree's. Cost: a few seconds on the H200.
 #include <dlfcn.h>
@@ -22,6 +25,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/exec/backend.h"
@@ -348,6 +352,41 @@ TEST_F(CudaBackendTest, RowsPastTheKernelsLongestAreInvalidArgument) {
   EXPECT_TRUE(h.Check(Tol(Op::kSoftmax, DType::kFloat16)).ok);
 }
 
+// Check gives a call the error Submit would, without queueing it or touching its buffers
+// (none are given here); Submit itself answers such a call before it returns.
+TEST_F(CudaBackendTest, CheckRefusesRowsPastTheKernelsLongestBeforeAnythingIsQueued) {
+  for (Op op : {Op::kSoftmax, Op::kRowSum}) {
+    SCOPED_TRACE(OpName(op));
+    OpCall c;
+    c.op = op;
+    c.dtype = DType::kFloat16;
+    c.rows = 1;
+    c.cols = (int64_t{1} << 30) + 1;  // as in RowsPastTheKernelsLongestAreInvalidArgument
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    const absl::Status checked = backend_->Check(c);
+    EXPECT_TRUE(absl::IsInvalidArgument(checked)) << checked;
+    EXPECT_NE(checked.message().find("too long"), std::string::npos) << checked;
+    auto answer = std::make_shared<std::promise<absl::Status>>();
+    auto answered = answer->get_future();
+    backend_->Submit(c, NowNs(), [answer](absl::Status s, const OpTiming&) {
+      answer->set_value(std::move(s));
+    });
+    ASSERT_EQ(answered.wait_for(std::chrono::seconds(0)), std::future_status::ready)
+        << "answered from the queue, not before it";
+    EXPECT_EQ(answered.get(), checked);
+    // The longest row each path takes is accepted: 2^30 - 1 scalar accesses.
+    c.cols = (int64_t{1} << 30) - 1;
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    c.inputs[0] = &c;  // Check reads no operand; it wants them present
+    c.output = &c;
+    EXPECT_TRUE(backend_->Check(c).ok()) << backend_->Check(c);
+  }
+  HostCall h = MakeMatmul(DType::kBFloat16, 64, 48, 32, true, MatmulImpl::kDefault, 11);
+  EXPECT_TRUE(backend_->Check(h.call).ok());
+  h.call.output_bytes -= 2;
+  EXPECT_TRUE(absl::IsInvalidArgument(backend_->Check(h.call)));
+}
+
 TEST_F(CudaBackendTest, AnAbandonedCallIsCancelledWithoutBeingComputed) {
   HostCall h = MakeElementwise(Op::kSoftmax, DType::kFloat32, 7, 300, 6);
   h.call.abandoned = [] { return true; };
@@ -517,6 +556,98 @@ TEST(CudaBackendPoolFull, CallsOfUpTo1MiBRunWhileThePoolCannotAllocate) {
         return wrong == 0 ? 0 : 6;
       },
       "not as expected: 0");
+}
+
+absl::Status WriteSync(Backend& b, Buffer* dst, const std::vector<uint8_t>& src) {
+  std::promise<absl::Status> done;
+  b.SubmitWrite(dst, 0, src.data(), src.size(), NowNs(),
+                [&](absl::Status s, const OpTiming&) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+absl::Status ReadSync(Backend& b, const Buffer* src, std::vector<uint8_t>* dst) {
+  std::promise<absl::Status> done;
+  b.SubmitRead(src, 0, dst->data(), dst->size(), NowNs(),
+               [&](absl::Status s, const OpTiming&) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+// Allocate and freeing a buffer run on gRPC threads, which must never wait for the GPU. In
+// the child process every stream shares one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1),
+// so a wait for anything on the pool stream would last until the worker's long kernel ends:
+// both must instead return in a small part of that kernel's time while it runs, and the
+// block freed and taken again meanwhile must hold what is written to it afterwards.
+// Kept last in this file: the variable is set for the parent too, where it changes nothing
+// once an earlier test has made the process's CUDA context (run alone, this test makes it
+// and only creates a backend there to see whether to skip).
+TEST(CudaBackendRpcThreads, AllocateAndFreeReturnWhileALongKernelRuns) {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);  // before the child's context exists
+  if (std::string why; !OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;
+  ExpectInFreshProcess(
+      [](Backend& b) {
+        // An fp32 8192^3 matmul on the tiled kernel (CUDA-core FMAs): 1.1 TFLOP, over 16 ms
+        // at the H200's fp32 peak. Operands resident, so the call is nearly all kernel.
+        constexpr int64_t kN = 8192;
+        constexpr size_t kBytes = size_t{kN} * kN * 4;
+        constexpr size_t kPiece = size_t{64} << 20;
+        auto a = b.Allocate(kBytes), bm = b.Allocate(kBytes), c = b.Allocate(kBytes);
+        if (!a.ok() || !bm.ok() || !c.ok()) return 10;
+        {
+          const std::vector<uint8_t> zeros(kBytes, 0);
+          if (!WriteSync(b, a->get(), zeros).ok() || !WriteSync(b, bm->get(), zeros).ok()) {
+            return 11;
+          }
+        }
+        OpCall call;
+        call.op = Op::kMatmulRelu;
+        call.dtype = DType::kFloat32;
+        call.m = call.n = call.k = kN;
+        call.matmul_impl = MatmulImpl::kTiled;
+        call.inputs[0] = (*a)->data();
+        call.inputs[1] = (*bm)->data();
+        call.input_resident[0] = call.input_resident[1] = true;
+        call.output = (*c)->data();
+        call.output_resident = true;
+        call.output_bytes = kBytes;
+        const Result warm = SubmitSync(b, call);  // loads the kernel; its time is the yardstick
+        if (!warm.status.ok()) {
+          std::fprintf(stderr, "warm-up: %s\n", warm.status.ToString().c_str());
+          return 12;
+        }
+        const double kernel_us = warm.timing.kernel_us;
+        auto doomed = b.Allocate(kPiece);  // freed while the kernel runs
+        if (!doomed.ok()) return 13;
+
+        std::future<Result> running = SubmitAsync(b, call);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the kernel is queued
+        const int64_t t0 = NowNs();
+        doomed->reset();  // its free is queued on the pool stream, behind the kernel
+        const int64_t t1 = NowNs();
+        auto piece = b.Allocate(kPiece);  // the same block, after that free
+        const int64_t t2 = NowNs();
+        const bool in_flight = running.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+        const Result r = running.get();
+        const double free_us = (t1 - t0) / 1e3, alloc_us = (t2 - t1) / 1e3;
+        std::fprintf(stderr,
+                     "kernel %.0f us (warm-up), %.0f us (this call); while it ran: free %.1f us, "
+                     "Allocate %.1f us; the call was %s when both had returned\n",
+                     kernel_us, r.timing.kernel_us, free_us, alloc_us,
+                     in_flight ? "still running" : "done");
+        if (!r.status.ok() || !piece.ok()) return 14;
+
+        std::vector<uint8_t> pattern(kPiece), back(kPiece, 0);
+        for (size_t i = 0; i < kPiece; ++i) pattern[i] = static_cast<uint8_t>(i * 7 % 251);
+        if (!WriteSync(b, piece->get(), pattern).ok() || !ReadSync(b, piece->get(), &back).ok()) {
+          return 15;
+        }
+        const bool intact = back == pattern;
+        const bool quick = kernel_us > 10000 && in_flight && free_us < kernel_us / 4 &&
+                           alloc_us < kernel_us / 4;
+        std::fprintf(stderr, "reused block intact: %s; returned without waiting: %s\n",
+                     intact ? "yes" : "NO", quick ? "yes" : "NO");
+        return intact && quick ? 0 : 6;
+      },
+      "reused block intact: yes; returned without waiting: yes");
 }
 
 }  // namespace

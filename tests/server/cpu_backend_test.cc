@@ -1,6 +1,6 @@
 // The CPU backend's queue: a transfer's first piece is refused when the queue is full, its
 // later pieces are not (an admitted Upload or Download is never cut short by load); a call
-// whose caller has gone is answered CANCELLED without being computed.
+// whose caller has gone is answered CANCELLED without being computed; Check refuses nothing.
 #include "server/backends/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
@@ -70,6 +70,22 @@ TEST(CpuBackendCalls, AnAbandonedCallIsCancelledWithoutBeingComputed) {
       EXPECT_TRUE(s.ok()) << s;
       EXPECT_NEAR(out[3], 3.99993f, 1e-4);
     }
+  }
+  b->Shutdown();
+}
+
+// The CPU's kernels take any row length: Check refuses nothing the request checks passed
+// (rows longer than the GPU kernels' longest included), and needs no buffers to answer.
+TEST(CpuBackendCalls, CheckAcceptsRowsOfAnyLength) {
+  auto b = MakeCpuBackend({});
+  for (Op op : {Op::kGelu, Op::kSoftmax, Op::kRowSum}) {
+    OpCall c;
+    c.op = op;
+    c.dtype = DType::kFloat16;
+    c.rows = 1;
+    c.cols = (int64_t{1} << 30) + 1;
+    c.output_bytes = op == Op::kRowSum ? 4 : static_cast<size_t>(c.cols) * 2;
+    EXPECT_TRUE(b->Check(c).ok()) << OpName(op);
   }
   b->Shutdown();
 }

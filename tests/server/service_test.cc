@@ -1589,5 +1589,104 @@ TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthe
   backend.Shutdown();
 }
 
+// The CPU backend, whose Check refuses softmax rows longer than kMaxCols (as the CUDA
+// backend refuses rows past its kernels' longest); counts what reaches Check and Submit.
+class RowLimitedCpuBackend final : public Backend {
+ public:
+  static constexpr int64_t kMaxCols = 64;
+  RowLimitedCpuBackend() : cpu_(MakeCpuBackend({})) {}
+  std::string name() const override { return cpu_->name(); }
+  std::string device() const override { return cpu_->device(); }
+  absl::Status Check(const OpCall& call) const override {
+    ++checked_;
+    if (call.op == Op::kSoftmax && call.cols > kMaxCols) {
+      return absl::InvalidArgumentError("Softmax on this backend: rows of at most 64 elements");
+    }
+    return absl::OkStatus();
+  }
+  void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
+    ++submitted_;
+    cpu_->Submit(call, enqueued_ns, std::move(done));
+  }
+  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
+    return cpu_->Allocate(bytes);
+  }
+  void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
+                   OpDone done) override {
+    cpu_->SubmitWrite(dst, offset, src, bytes, enqueued_ns, std::move(done));
+  }
+  void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
+                  OpDone done) override {
+    cpu_->SubmitRead(src, offset, dst, bytes, enqueued_ns, std::move(done));
+  }
+  BackendStats stats() const override { return cpu_->stats(); }
+  void Shutdown() override { cpu_->Shutdown(); }
+  int checked() const { return checked_; }
+  int submitted() const { return submitted_; }
+
+ private:
+  const std::unique_ptr<Backend> cpu_;
+  mutable std::atomic<int> checked_{0};
+  std::atomic<int> submitted_{0};
+};
+
+v1::SoftmaxRequest SoftmaxOfZeros(int64_t rows, int64_t cols, bool keep) {
+  v1::SoftmaxRequest req;
+  auto* t = req.mutable_input()->mutable_tensor();
+  t->set_dtype(v1::FLOAT32);
+  t->add_shape(rows);
+  t->add_shape(cols);
+  t->set_data(std::string(static_cast<size_t>(rows * cols) * 4, '\0'));
+  req.mutable_output_options()->set_keep_on_server(keep);
+  return req;
+}
+
+// A call the backend's Check refuses gets Check's error without reaching Submit (it never
+// waits in the queue), and the output prepared for it, kept on the server or inline, is
+// given back before the reply; the server keeps serving.
+TEST(ServiceCheckTest, ACallTheBackendCannotRunIsRefusedBeforeItIsQueued) {
+  RowLimitedCpuBackend backend;
+  TensorStore store(&backend, StoreLimits{});
+  const Authenticator open;
+  KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, RequestLimits{});
+  LoopbackServer loopback(&service);
+  ASSERT_TRUE(loopback.ok());
+  auto softmax = [&](const v1::SoftmaxRequest& req, v1::SoftmaxResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return loopback.stub->Softmax(&ctx, req, resp);
+  };
+  constexpr int64_t kLong = RowLimitedCpuBackend::kMaxCols + 1;
+
+  for (bool keep : {false, true}) {
+    SCOPED_TRACE(keep ? "kept output" : "inline output");
+    v1::SoftmaxResponse resp;
+    const grpc::Status s = softmax(SoftmaxOfZeros(3, kLong, keep), &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(s.error_message(), "Softmax on this backend: rows of at most 64 elements");
+    EXPECT_EQ(backend.submitted(), 0);
+    EXPECT_EQ(store.TenantUsedBytes("anonymous"), 0);  // the kept output is gone already
+    EXPECT_TRUE(store.List("anonymous").empty());
+  }
+  const int checked = backend.checked();
+  EXPECT_EQ(checked, 2);
+
+  // Results that need no kernel are not the backend's to refuse.
+  v1::SoftmaxResponse empty;
+  ASSERT_TRUE(softmax(SoftmaxOfZeros(0, kLong, false), &empty).ok());
+  EXPECT_EQ(empty.output().tensor().shape_size(), 2);
+  EXPECT_EQ(backend.checked(), checked);
+
+  // Calls it can run are checked, then submitted.
+  v1::SoftmaxResponse ok;
+  ASSERT_TRUE(softmax(SoftmaxOfZeros(3, RowLimitedCpuBackend::kMaxCols, true), &ok).ok());
+  EXPECT_FALSE(ok.output().handle().empty());
+  EXPECT_EQ(backend.checked(), checked + 1);
+  EXPECT_EQ(backend.submitted(), 1);
+  EXPECT_EQ(store.List("anonymous").size(), 1u);
+  loopback.server->Shutdown();
+  backend.Shutdown();
+}
+
 }  // namespace
 }  // namespace fusebox

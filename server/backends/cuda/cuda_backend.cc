@@ -2,7 +2,7 @@
 // server/backends/cuda/cuda_backend.h for why a module). Exports fusebox_create_cuda_backend
 // and nothing else.
 //
-// A call runs on one worker of a WorkQueue; worker i owns StreamWorker i (a
+// A call runs on one worker of the QueuedExecutor; worker i owns StreamWorker i (a
 // stream, pinned staging, events, a cuBLASLt runner). On that thread:
 //   allocate device memory for the call from a memory pool (stream-ordered,
 //   the pool keeps what it has: no cudaMalloc after warm-up), or for a call of
@@ -11,8 +11,21 @@
 //   gate -> record go -> kernel -> record kernel -> open the gate -> device ->
 //   pinned -> host, pipelined -> record out -> free to the pool
 //   (stream-ordered; not the scratch) -> done(status, timing).
-// The worker blocks on its own stream; gRPC threads never do (Submit only
-// queues). Calls on different workers use different streams and overlap.
+// The worker blocks on its own stream; gRPC threads never do (Check only
+// looks at the call, Submit only queues). Calls on different workers use
+// different streams and overlap.
+//
+// Resident memory (the tensor store's) is allocated and freed on gRPC threads,
+// so neither may wait for the GPU. Allocate takes a block from the pool on the
+// pool stream and records the pool's `allocated` event after it; before its
+// next call or copy that touches resident memory, a worker makes its stream
+// wait for that event (OrderAfterAllocations). A stream-ordered allocation is
+// only valid in its stream's order (the pool may hand out a block whose free
+// is still queued), and this event is that order, kept without a host wait.
+// A DeviceBuffer goes back to the pool with a stream-ordered free on the pool
+// stream, not waited for: the store drops a buffer only after every call that
+// used it has answered, and a call answers only after its stream has
+// synchronised, so no device work can still touch the block.
 // Timing: copy_in/launch/kernel/copy_out from cudaEventElapsedTime between
 // those events (launch = in -> go, the host's launch work behind the gate;
 // copy_out adds the host's last pinned -> destination copies, which follow
@@ -42,7 +55,7 @@
 #include "kernels/cuda/matmul.h"
 #include "server/backends/cuda/stream_worker.h"
 #include "server/backends/cuda/cuda_backend.h"
-#include "server/exec/work_queue.h"
+#include "server/exec/queued_executor.h"
 
 #define FUSEBOX_EXPORT __attribute__((visibility("default")))
 
@@ -80,13 +93,22 @@ bool IsSticky(cudaError_t e) {
 }
 
 // The memory pool and the stream the tensor store allocates on. Shared by the
-// backend and every DeviceBuffer, so buffers may outlive the backend.
+// backend and every DeviceBuffer, so buffers may outlive the backend. Destroying
+// the stream, event and pool with work still queued is safe: CUDA releases them
+// once that work is done.
 struct Pool {
   int device = 0;
   cudaMemPool_t pool = nullptr;
   cudaStream_t stream = nullptr;
+  // Recorded on `stream` after each resident allocation; `allocations` counts them, so a
+  // worker waits for the event only when there is a new one. Both change under `mu`, which
+  // is held for host calls only (never a wait for the device).
+  cudaEvent_t allocated = nullptr;
+  std::mutex mu;
+  std::atomic<uint64_t> allocations{0};
   ~Pool() {
     cudaSetDevice(device);
+    if (allocated) cudaEventDestroy(allocated);
     if (stream) cudaStreamDestroy(stream);
     if (pool) cudaMemPoolDestroy(pool);
     cudaGetLastError();
@@ -99,9 +121,11 @@ class DeviceBuffer final : public Buffer {
   DeviceBuffer(void* p, size_t size, std::shared_ptr<Pool> pool)
       : p_(p), size_(size), pool_(std::move(pool)) {}
   ~DeviceBuffer() override {
-    // The store drops a buffer only when no call uses it any more.
+    // Not waited for: every call that used the buffer has answered, so its work on the
+    // device is done (the top of this file says why), and later allocations are ordered
+    // after this free by the pool.
     cudaSetDevice(pool_->device);
-    if (p_ && cudaFreeAsync(p_, pool_->stream) == cudaSuccess) cudaStreamSynchronize(pool_->stream);
+    if (p_) cudaFreeAsync(p_, pool_->stream);
     cudaGetLastError();
   }
   void* data() const override { return p_; }
@@ -120,6 +144,7 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   std::string device() const override { return device_name_; }
+  absl::Status Check(const OpCall& call) const override;
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override;
   BackendStats stats() const override;
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
@@ -132,8 +157,8 @@ class CudaBackend final : public Backend {
  private:
   explicit CudaBackend(const CudaBackendOptions& o) : options_(o) {}
 
-  // Queues `work` (which fills copy/kernel times) and wraps it with queue and
-  // total time, the broken-device check and the device selection. `continuation`: a
+  // Queues `work` (which fills copy/kernel times) on the executor, wrapped with the
+  // broken-device check and the device selection. `continuation`: a
   // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   template <typename Work>
   void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false);
@@ -144,8 +169,13 @@ class CudaBackend final : public Backend {
   absl::Status Launch(StreamWorker& w, const OpCall& call, const void* const in[3], void* out,
                       cuda::Workspace ws);
 
-  // Stream-ordered allocation from the pool; trims and retries once on OOM.
-  absl::Status PoolAlloc(size_t bytes, cudaStream_t stream, void** p);
+  // Stream-ordered allocation from the pool; trims and retries once on OOM. `may_wait`:
+  // before the retry, wait for the frees queued on `stream` and on the pool stream (a
+  // worker may; a gRPC thread in Allocate may not).
+  absl::Status PoolAlloc(size_t bytes, cudaStream_t stream, void** p, bool may_wait);
+  // Makes what is enqueued next on w's stream wait for every resident allocation made
+  // before this call (the top of this file says why).
+  cudaError_t OrderAfterAllocations(StreamWorker& w);
   // Converts an error met while running on `w`; notices a broken context.
   absl::Status Fail(cudaError_t e, const char* what, StreamWorker* w);
   // Fail, then waits for what is already queued on w's stream: the caller may give the tensor
@@ -157,7 +187,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   std::shared_ptr<Pool> pool_;
   std::vector<std::unique_ptr<StreamWorker>> workers_;
-  std::unique_ptr<WorkQueue> queue_;
+  std::unique_ptr<QueuedExecutor> exec_;
 
   std::atomic<bool> broken_{false};
   mutable std::mutex mu_;
@@ -216,13 +246,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = check(cudaEventCreateWithFlags(&b->pool_->allocated, cudaEventDisableTiming),
+                             "cudaEventCreate");
+      !s.ok()) {
+    return s;
+  }
   auto cache = cuda::NewMatmulAlgoCache();
   for (int i = 0; i < o.streams; ++i) {
     auto w = StreamWorker::Create(o.staging_bytes, cache, b->pool_->pool);
     if (!w.ok()) return w.status();
     b->workers_.push_back(std::move(*w));
   }
-  b->queue_ = std::make_unique<WorkQueue>(o.streams, o.queue_capacity);
+  b->exec_ = std::make_unique<QueuedExecutor>("CUDA", o.streams, o.queue_capacity);
   return b;
 }
 
@@ -235,7 +270,7 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::Shutdown() {
-  if (queue_) queue_->Shutdown();
+  if (exec_) exec_->Shutdown();
 }
 
 absl::Status CudaBackend::Broken() const {
@@ -267,14 +302,20 @@ absl::Status CudaBackend::FailAndDrain(cudaError_t e, const char* what, StreamWo
   return s;
 }
 
-absl::Status CudaBackend::PoolAlloc(size_t bytes, cudaStream_t stream, void** p) {
+absl::Status CudaBackend::PoolAlloc(size_t bytes, cudaStream_t stream, void** p, bool may_wait) {
   *p = nullptr;
   if (bytes == 0) return absl::OkStatus();
   cudaError_t e = cudaMallocFromPoolAsync(p, bytes, pool_->pool, stream);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
-    // Give back what the pool holds unused, then try once more.
-    cudaStreamSynchronize(stream);
+    // Give back what the pool holds unused, then try once more. Without the wait, blocks
+    // whose free is still queued on another stream stay in the pool; the pool stream's own
+    // frees need no wait to be reused on it.
+    if (may_wait) {
+      cudaStreamSynchronize(stream);
+      if (stream != pool_->stream) cudaStreamSynchronize(pool_->stream);
+      cudaGetLastError();
+    }
     cudaMemPoolTrimTo(pool_->pool, 0);
     e = cudaMallocFromPoolAsync(p, bytes, pool_->pool, stream);
   }
@@ -298,33 +339,20 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool cont
     done(Broken(), OpTiming{});
     return;
   }
-  auto shared_done = std::make_shared<OpDone>(std::move(done));
-  const bool queued = queue_->TryPush([this, enqueued_ns, shared_done, work](int worker) {
-    OpTiming t;
-    t.stream = worker;
-    t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-    absl::Status s;
-    if (broken_.load()) {
-      s = Broken();
-    } else if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
-      s = Fail(e, "cudaSetDevice", nullptr);
-    } else {
-      s = work(*workers_[worker], &t);
+  exec_->Run(enqueued_ns, std::move(done), [this, work](int worker, OpTiming* t) {
+    if (broken_.load()) return Broken();
+    if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
+      return Fail(e, "cudaSetDevice", nullptr);
     }
-    t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-    (*shared_done)(std::move(s), t);
+    return work(*workers_[worker], t);
   }, continuation);
-  if (!queued) {
-    (*shared_done)(queue_->stopping()
-                       ? absl::UnavailableError("the server is shutting down")
-                       : absl::ResourceExhaustedError(absl::StrCat(
-                             "the CUDA backend's queue is full (", options_.queue_capacity,
-                             " calls); retry later")),
-                   OpTiming{});
-  }
 }
 
 void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
+  if (absl::Status s = Check(call); !s.ok()) {  // refused before it waits in the queue
+    done(std::move(s), OpTiming{});
+    return;
+  }
   Enqueue(enqueued_ns, std::move(done),
           [this, call](StreamWorker& w, OpTiming* t) {
             if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
@@ -363,24 +391,38 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaBackend::Allocate(size_t bytes) {
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
     return Fail(e, "cudaSetDevice", nullptr);
   }
+  // Out of memory shows here, at once: the pool reserves device memory when asked, not when
+  // the stream reaches the allocation. Nothing below waits for the device.
+  std::lock_guard<std::mutex> lock(pool_->mu);
   void* p = nullptr;
-  if (absl::Status s = PoolAlloc(std::max<size_t>(bytes, 1), pool_->stream, &p); !s.ok()) return s;
-  // Usable from every worker's stream once the allocation has happened.
+  if (absl::Status s = PoolAlloc(std::max<size_t>(bytes, 1), pool_->stream, &p, /*may_wait=*/false);
+      !s.ok()) {
+    return s;
+  }
   // The buffer owns the block from here, so an error below gives it back.
   std::unique_ptr<Buffer> buffer(new DeviceBuffer(p, bytes, pool_));
-  if (cudaError_t e = cudaStreamSynchronize(pool_->stream); e != cudaSuccess) {
-    return Fail(e, "cudaStreamSynchronize", nullptr);
+  if (cudaError_t e = cudaEventRecord(pool_->allocated, pool_->stream); e != cudaSuccess) {
+    return Fail(e, "cudaEventRecord", nullptr);
   }
+  pool_->allocations.fetch_add(1, std::memory_order_release);
   return buffer;
+}
+
+cudaError_t CudaBackend::OrderAfterAllocations(StreamWorker& w) {
+  if (pool_->allocations.load(std::memory_order_acquire) == w.allocations_seen) {
+    return cudaSuccess;  // none since this stream last waited
+  }
+  std::lock_guard<std::mutex> lock(pool_->mu);
+  // Under the lock the count and the event's latest record agree.
+  const uint64_t made = pool_->allocations.load(std::memory_order_relaxed);
+  const cudaError_t e = cudaStreamWaitEvent(w.stream(), pool_->allocated, 0);
+  if (e == cudaSuccess) w.allocations_seen = made;
+  return e;
 }
 
 BackendStats CudaBackend::stats() const {
   BackendStats s;
-  if (queue_) {
-    s.queued = static_cast<int64_t>(queue_->queued());
-    s.busy = queue_->busy();
-    s.workers = queue_->workers();
-  }
+  if (exec_) exec_->FillStats(&s);
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = SteadyNowNs();
   if (!broken_.load() && now - mem_checked_ns_ > kStatsRefreshNs) {
@@ -496,10 +538,18 @@ absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
   return s;
 }
 
+// Everything SizesOf refuses depends on the call alone, so it is all asked before queueing.
+absl::Status CudaBackend::Check(const OpCall& call) const { return SizesOf(call).status(); }
+
 absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t) {
   absl::StatusOr<Sizes> sizes = SizesOf(c);
   if (!sizes.ok()) return sizes.status();
   const cudaStream_t st = w.stream();
+  if (c.output_resident || c.input_resident[0] || c.input_resident[1] || c.input_resident[2]) {
+    if (cudaError_t e = OrderAfterAllocations(w); e != cudaSuccess) {
+      return Fail(e, "cudaStreamWaitEvent", &w);
+    }
+  }
 
   // One block holds every operand that is not already resident, and the workspace: the
   // worker's scratch when it fits, else a pool allocation (freed, stream-ordered, at the end).
@@ -519,7 +569,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   const bool pooled = total > StreamWorker::kScratchBytes;
   void* block = total == 0 ? nullptr : w.scratch();
   if (pooled) {
-    if (absl::Status s = PoolAlloc(total, st, &block); !s.ok()) return s;
+    if (absl::Status s = PoolAlloc(total, st, &block, /*may_wait=*/true); !s.ok()) return s;
   }
   auto at = [block](size_t off) { return static_cast<void*>(static_cast<uint8_t*>(block) + off); };
 
@@ -555,6 +605,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
       args.allow_tf32 = c.allow_tf32;
       if (absl::Status s = w.cublaslt().Prepare(args, st); !s.ok()) {
         if (pooled) cudaFreeAsync(block, st);
+        // Whatever Prepare left queued ends before the caller may free the operands.
+        if (!broken_.load() && cudaStreamSynchronize(st) != cudaSuccess) cudaGetLastError();
         return s;
       }
     }
@@ -604,7 +656,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
 absl::Status CudaBackend::RunWrite(StreamWorker& w, void* dst, const void* src, size_t bytes,
                                    OpTiming* t) {
   const HostSpan span{src, dst, bytes};
-  cudaError_t e = cudaEventRecord(w.ev_start(), w.stream());
+  cudaError_t e = OrderAfterAllocations(w);
+  if (e == cudaSuccess) e = cudaEventRecord(w.ev_start(), w.stream());
   if (e == cudaSuccess) e = w.CopyIn(&span, 1);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), w.stream());
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
@@ -616,7 +669,8 @@ absl::Status CudaBackend::RunWrite(StreamWorker& w, void* dst, const void* src, 
 absl::Status CudaBackend::RunRead(StreamWorker& w, void* dst, const void* src, size_t bytes,
                                   OpTiming* t) {
   int64_t tail_ns = 0;
-  cudaError_t e = cudaEventRecord(w.ev_kernel(), w.stream());
+  cudaError_t e = OrderAfterAllocations(w);
+  if (e == cudaSuccess) e = cudaEventRecord(w.ev_kernel(), w.stream());
   if (e == cudaSuccess) e = w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
   if (e != cudaSuccess) return FailAndDrain(e, "copy from a resident tensor", w);

@@ -1,7 +1,8 @@
 // How the server creates the CUDA backend, which lives in a module
-// (libfusebox_cuda_backend.so) loaded with dlopen: cuBLASLt's static TLS must
-// not become a load-time dependency of the server (PLATFORM.md's trap), and
-// one server binary must run on hosts with and without CUDA.
+// (libfusebox_cuda_backend.so) loaded with dlopen: libcublasLt carries ~94 KB
+// of static TLS, which as a load-time dependency of the server breaks the
+// threads of prometheus-cpp's HTTP server (loaded with dlopen it gets dynamic
+// TLS), and one server binary must run on hosts with and without CUDA.
 #pragma once
 
 #include <cstddef>

@@ -13,10 +13,9 @@
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
 // one stream, 2 x slots + 5 events, one mapped pinned word (the kernel gate),
 // one 32 MiB cuBLASLt workspace, and kScratchBytes of device memory for small
-// calls' operands (saves a pool allocation and free: 11-14 us of host time per
-// call in small_call_probe, 21-32 us of a 4 KiB call's server time at the
-// medians end to end, bench/e2e/NOTES.md; and small calls keep running when
-// the pool has no memory left).
+// calls' operands (saves a pool allocation and free, which cost a small call
+// 11-14 us of host time, and 21-32 us of a 4 KiB call's server time end to
+// end; and small calls keep running when the pool has no memory left).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -68,15 +67,15 @@ class StreamWorker {
   cudaEvent_t ev_out() const { return ev_[3]; }
 
   // The kernel gate. On an idle stream a kernel starts 7-40 us after the
-  // event before it (the host's launch work, the GPU waking: measured by
-  // bench/e2e/launch_gap_probe), which a benchmark's back-to-back launches
-  // never see. HoldKernelGate() enqueues a 1-thread kernel that holds the
-  // stream until ReleaseKernelGate() stores to a mapped pinned word, so that
-  // `go`, the kernel and `kernel` are all enqueued before the GPU reaches
-  // them and kernel time is the kernel's alone. The gate gives up after 1 ms
-  // (a lazy module load that waits for the stream, a descheduled host thread):
-  // a late release costs time, never a hang. Call ReleaseKernelGate() after
-  // every successful HoldKernelGate(), whatever happened in between.
+  // event before it (the host's launch work, the GPU waking), which a
+  // benchmark's back-to-back launches never see. HoldKernelGate() enqueues a
+  // 1-thread kernel that holds the stream until ReleaseKernelGate() stores to
+  // a mapped pinned word, so that `go`, the kernel and `kernel` are all
+  // enqueued before the GPU reaches them and kernel time is the kernel's
+  // alone. The gate gives up after 1 ms (a lazy module load that waits for the
+  // stream, a descheduled host thread): a late release costs time, never a
+  // hang. Call ReleaseKernelGate() after every successful HoldKernelGate(),
+  // whatever happened in between.
   cudaError_t HoldKernelGate();
   void ReleaseKernelGate();
 
@@ -90,6 +89,10 @@ class StreamWorker {
   // every byte is in host memory; *tail_ns is the host time spent copying
   // pinned -> destination after that event (not covered by the event).
   cudaError_t CopyOut(const HostSpan& span, cudaEvent_t done_event, int64_t* tail_ns);
+
+  // How many of the backend's resident allocations stream() has been made to wait for
+  // (CudaBackend::OrderAfterAllocations): a worker waits again only after a new one.
+  uint64_t allocations_seen = 0;
 
  private:
   StreamWorker() = default;
