@@ -24,6 +24,7 @@
 #include "bench/gpu/check_cuda.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace {
 
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
         bool failed = false;
         auto run = [&] {
           if (tiled) {
-            if (fc::LaunchMatmulReluTiled(args, nullptr, which) != cudaSuccess) failed = true;
+            if (fc::LaunchMatmulReluTiledWith(which, args, nullptr) != cudaSuccess) failed = true;
           } else if (!lt.Run(args, nullptr).ok()) {
             failed = true;
           }

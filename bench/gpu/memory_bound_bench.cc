@@ -25,6 +25,7 @@
 #include "bench/gpu/memory_bound_fill.h"
 #include "bench/gpu/memory_bound_variants.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::bench {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/dtype.h"
 
 namespace fusebox::bench {
@@ -76,7 +76,7 @@ inline std::vector<Variant> Variants() {
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
       add("softmax", sh, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rows recompute exp");
-      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, -1, -1), "rows bounds-checked");  // before run 33
+      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, -1, -1), "rows bounds-checked");  // not Exact
       add("softmax", sh, d, Choice(0, 0, 0, 64, 0, -1), "rows t=64");
       add("softmax", sh, d, Choice(0, 0, 0, 128, 0, -1), "rows t=128");
       add("softmax", sh, d, Choice(0, 0, 0, 256, 0, -1), "rows t=256");
@@ -139,8 +139,8 @@ inline std::vector<Variant> Variants() {
   split(D::kFloat32, 64, 256, 8, 0);
   split(D::kBFloat16, 16, 512, 4, 0);
   split(D::kBFloat16, 32, 256, 4, 0);
-  split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice before run 18
-  // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1; run 36: the
+  split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice without the prefetch
+  // The same L2 prefetch on block-per-row shapes (+-1% at 1/2, -20% at 1/1; the
   // row-block kernels' own prefetching form, fp32 +0-2.3% at 1/4, 2-byte rows -1-3%).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (int q : {-1, 1, 2}) {

@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -350,7 +351,7 @@ absl::Status CublasLtMatmul::Choose(const MatmulArgs& args, cudaStream_t stream,
     } else if (!Heuristic(plan, small_ws, 1, &small, &found).ok()) {
       e.choice = LtAlgoChoice::kNoSecondPick;  // nothing fits the small workspace
     } else if (SameAlgo(small.algo, large.algo)) {
-      e.choice = LtAlgoChoice::kPicksAgree;  // fp16/bf16 in run 4: untimed, as kFirstPick
+      e.choice = LtAlgoChoice::kPicksAgree;  // e.g. fp16/bf16 on the H200: untimed, as kFirstPick
       e.small_hash = e.large_hash;
     } else {
       e.small_hash = AlgoHash(small.algo);
@@ -534,19 +535,24 @@ absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args, cudaStream_t stream
   return MakePlan(args, stream, &plan);
 }
 
-size_t CublasLtMatmul::workspace_bytes() const { return impl_->workspace_bytes; }
-LtAlgoPolicy CublasLtMatmul::policy() const { return impl_->policy; }
-LtStats CublasLtMatmul::stats() const { return impl_->stats; }
+// matmul_tuning.h's view of a runner: its policy, its counters and its choice for a key.
+struct LtRunnerAccess {
+  static LtAlgoPolicy Policy(const CublasLtMatmul& lt) { return lt.impl_->policy; }
+  static LtStats Stats(const CublasLtMatmul& lt) { return lt.impl_->stats; }
+  static absl::StatusOr<LtAlgoInfo> Info(CublasLtMatmul& lt, const MatmulArgs& args,
+                                         cudaStream_t stream);
+};
 
-absl::StatusOr<LtAlgoInfo> CublasLtMatmul::AlgoInfo(const MatmulArgs& args, cudaStream_t stream) {
+absl::StatusOr<LtAlgoInfo> LtRunnerAccess::Info(CublasLtMatmul& lt, const MatmulArgs& args,
+                                                cudaStream_t stream) {
   if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
   LtAlgoInfo info;
   if (args.m == 0 || args.n == 0 || args.k == 0) {
     info.description = "none (empty or K=0: tiled)";
     return info;
   }
-  Plan plan;
-  if (absl::Status s = MakePlan(args, stream, &plan); !s.ok()) return s;
+  CublasLtMatmul::Plan plan;
+  if (absl::Status s = lt.MakePlan(args, stream, &plan); !s.ok()) return s;
   const MatmulAlgoCache::Entry& e = plan.entry;
   const cublasLtMatmulAlgo_t& algo = e.algo;
   info.choice = e.choice;
@@ -592,9 +598,17 @@ absl::StatusOr<LtAlgoInfo> CublasLtMatmul::AlgoInfo(const MatmulArgs& args, cuda
   return info;
 }
 
-absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args,
-                                                         cudaStream_t stream) {
-  absl::StatusOr<LtAlgoInfo> info = AlgoInfo(args, stream);
+LtAlgoPolicy PolicyOf(const CublasLtMatmul& lt) { return LtRunnerAccess::Policy(lt); }
+LtStats StatsOf(const CublasLtMatmul& lt) { return LtRunnerAccess::Stats(lt); }
+
+absl::StatusOr<LtAlgoInfo> AlgoInfoOf(CublasLtMatmul& lt, const MatmulArgs& args,
+                                      cudaStream_t stream) {
+  return LtRunnerAccess::Info(lt, args, stream);
+}
+
+absl::StatusOr<std::string> DescribeAlgo(CublasLtMatmul& lt, const MatmulArgs& args,
+                                         cudaStream_t stream) {
+  absl::StatusOr<LtAlgoInfo> info = AlgoInfoOf(lt, args, stream);
   if (!info.ok()) return info.status();
   return std::move(info->description);
 }

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -683,7 +684,8 @@ cudaError_t LaunchHalf(const MatmulArgs& a, cudaStream_t stream, TiledKernel whi
 
 }  // namespace
 
-cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream, TiledKernel which) {
+cudaError_t LaunchMatmulReluTiledWith(TiledKernel which, const MatmulArgs& a,
+                                      cudaStream_t stream) {
   if (!ValidateMatmul(a).ok()) return cudaErrorInvalidValue;
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   switch (a.dtype) {
@@ -700,6 +702,10 @@ cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream, Tile
       return cudaGetLastError();
     }
   }
+}
+
+cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream) {
+  return LaunchMatmulReluTiledWith(TiledKernel::kAuto, a, stream);
 }
 
 }  // namespace fusebox::cuda

@@ -54,6 +54,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -64,7 +65,7 @@ constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
 constexpr int kMaxSplit = 64;                // blocks per row on the split path
 constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
-constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
+constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores measured 2-5% slower
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -986,9 +987,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
   const int split = k.split > 1 ? k.split : auto_split ? want : 1;
   if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
-  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
+  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot: forced only
   // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
-  // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
+  // (2969 vs 2821 GB/s at 128x1048576).
   const bool huge = CeilDiv(nacc, cap) > 4;
   int vpt = k.vectors_per_thread ? k.vectors_per_thread
             : auto_split         ? 8
@@ -1217,7 +1218,7 @@ size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelChoice& k) {
+size_t SoftmaxWorkspaceBytesWith(const KernelChoice& k, DType dt, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
   switch (dt) {
     case DType::kFloat32: return WorkspaceBytesT<float>(k, rows, cols);
@@ -1225,6 +1226,10 @@ size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelC
     case DType::kBFloat16: return WorkspaceBytesT<__nv_bfloat16>(k, rows, cols);
   }
   return 0;
+}
+
+size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols) {
+  return SoftmaxWorkspaceBytesWith(KernelChoice{}, dt, rows, cols);
 }
 
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t rows,

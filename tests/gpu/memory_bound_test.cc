@@ -25,6 +25,7 @@
 
 #include "bench/gpu/memory_bound_variants.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 #include "tests/gpu/test_util.h"
 #include "tests/reference.h"
 
@@ -175,7 +176,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
     // The workspace the choice asks for, full of garbage (the launcher must set what it relies on).
-    const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k) : 0;
+    const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytesWith(k, dt, rows, cols) : 0;
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.status(), cudaSuccess);
     ASSERT_EQ(cudaMemset(ws.get(), 0x5A, ws_bytes), cudaSuccess);
@@ -380,7 +381,7 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
   }
   DeviceBuffer b(1 << 20);
   k.split_wait_us = 0;
-  const size_t need = cuda::SoftmaxWorkspaceBytes(dt, 2, 65536, k);
+  const size_t need = cuda::SoftmaxWorkspaceBytesWith(k, dt, 2, 65536);
   EXPECT_GT(need, 0u);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr, {b.get(), need - 1}),
             cudaErrorInvalidValue);
