@@ -1,5 +1,5 @@
 // matmul_bench: times our matmul+ReLU (cuBLASLt path, with and without bias,
-// and the tiled kernel) on the issue's shapes for fp32 (exact and TF32), fp16
+// and the tiled kernel) on the benchmark shapes for fp32 (exact and TF32), fp16
 // and bf16. Each config: random inputs in [-1, 1) (never zeros), 3 warm-up
 // launches, then repetitions each preceded by a 256 MiB read that evicts L2
 // (as interleaved_timer.py does for the torch peers), timed with CUDA

@@ -11,9 +11,9 @@
 //   2  tiled kernel forced to mma.sync
 //   3  cuBLASLt with the heuristic's candidates timed (kAutotune), default workspace
 //   4  cuBLASLt, heuristic's first pick, 1 MiB workspace (PyTorch 2.11's cuBLASLt default)
-//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace (the default of runs 1-4)
-//   6  cuBLASLt, heuristic's first pick, no workspace (never better in run 4; not in the
-//      harness's A/B rounds any more)
+//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace
+//   6  cuBLASLt, heuristic's first pick, no workspace (never faster than 4 or 5 on the
+//      benchmark shapes; not in the harness's A/B rounds)
 // Each cuBLASLt code has its own runner, workspace and algorithm cache, so a
 // code's choice never leaks into another's. Single-threaded use only.
 #include <cuda_runtime.h>
@@ -108,7 +108,7 @@ extern "C" __attribute__((visibility("default"))) int64_t fusebox_bench_workspac
 
 // Writes the algorithm a cuBLASLt impl code uses for these arguments into buf
 // (NUL-terminated, truncated to len), with how it was chosen ("choice ...",
-// matmul.h's CublasLtMatmul::DescribeAlgo). On a first call of the key it is
+// matmul_tuning.h's DescribeAlgo). On a first call of the key it is
 // chosen now, as the first Run would: code 0 may time its two picks on
 // `stream`, writing `out`. Returns 0 on success, 1 on failure (the message is
 // written to buf).

@@ -1,7 +1,7 @@
-// A C entry point to our memory-bound launchers (kernels/cuda/launch.h) for memory_bound_peers.py
-// (ctypes), so that our kernels and the torch / torch.compile / Triton peers are timed by one
-// harness, on the same tensors, interleaved in one process: no clock, thermal or ordering drift
-// between two programs. Benchmark-only; the server never loads this.
+// A C entry point to our memory-bound launchers (kernels/cuda/launch.h, tuning.h) for
+// memory_bound_peers.py (ctypes), so that our kernels and the torch / torch.compile / Triton
+// peers are timed by one harness, on the same tensors, interleaved in one process: no clock,
+// thermal or ordering drift between two programs. Benchmark-only; the server never loads this.
 //
 // op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).

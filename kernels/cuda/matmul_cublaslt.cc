@@ -174,12 +174,12 @@ constexpr float kSmallPickMinGain = 0.02f;
 constexpr int kNumEvents = 4 * kPickRounds;
 // Two picks: bytes read before each timed launch to push the operands out of
 // L2 (50 MB on the H100 / H200), so that the picks are compared as the
-// benchmarks compare them: on operands read from HBM (run 5: on 64x4096x4096
-// TF32 the warm-L2 timing kept the pick that is 4% slower cold). Read, not
-// written: a memset left up to 50 MB of dirty lines that the timed launch then
-// wrote back (run 7: it made the 1 MiB pick "win" on 64x4096x4096 TF32 without
-// bias, 8% slower in the benchmark). The read is FlushL2, into a small tail of
-// the same buffer.
+// benchmarks compare them: on operands read from HBM (measured: on
+// 64x4096x4096 TF32 a warm-L2 timing kept the pick that is 4% slower cold).
+// Read, not written: a memset leaves up to 50 MB of dirty lines that the timed
+// launch then writes back (measured: that made the 1 MiB pick "win" on
+// 64x4096x4096 TF32 without bias, though 8% slower in the benchmark). The read
+// is FlushL2, into a small tail of the same buffer.
 constexpr size_t kPickFlushBytes = size_t{64} << 20;
 
 // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
@@ -252,8 +252,8 @@ absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
   // which needs a current context. On a thread that has not made a runtime
   // call yet none is current (the runtime binds its primary context lazily),
   // so the query fails inside cuBLASLt -- harmlessly, but compute-sanitizer
-  // reports it as CUDA_ERROR_INVALID_CONTEXT (run 4, a runner created on a
-  // fresh std::thread). cudaFree(nullptr) frees nothing and makes the current
+  // reports it as CUDA_ERROR_INVALID_CONTEXT (for instance, a runner created
+  // on a fresh std::thread). cudaFree(nullptr) frees nothing and makes the current
   // device's primary context current on this thread.
   if (absl::Status s = CudaStatus(cudaFree(nullptr), "context init (cudaFree(nullptr))"); !s.ok()) {
     cudaGetLastError();

@@ -14,7 +14,7 @@
 // implementations: cublaslt, wgmma (our TMA + wgmma kernel), mma (our mma.sync
 // kernel), ffma (our fp32 CUDA-core kernel); "tiled" = wgmma,mma,ffma. Runs of
 // the others are skipped, so e.g. racecheck can run our kernels without ever
-// launching a cuBLASLt kernel (which it cannot run: run 4), and wgmma apart
+// launching a cuBLASLt kernel (which it cannot run), and wgmma apart
 // from mma/ffma (a sanitizer failure in one cannot hide the other).
 // Without a GPU every test skips.
 #include <cuda_runtime.h>
@@ -437,9 +437,9 @@ TEST(MatmulCache, RunAfterPrepareNeverChoosesAgainWhenAnotherRunnerClearsTheCach
   EXPECT_EQ(ran.timed_selections, prepared.timed_selections);
 }
 
-// The default policy (two picks) on shapes where run 4 saw the 32 MiB and the
-// 1 MiB first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a
-// bf16 one where they agreed: the first Run of a key chooses (timing only if
+// The default policy (two picks) on shapes where the 32 MiB and the 1 MiB
+// first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a bf16
+// one where they agree: the first Run of a key chooses (timing only if
 // the picks differ) and is correct whichever pick won; later calls of the key,
 // from this runner or another sharing the cache, run no heuristic and no
 // timing; the choice is one of the two first picks, as first-pick runners with

@@ -725,7 +725,7 @@ TEST_P(MemoryBound, RowSumExactShortRows) {
 }
 
 // The row sum's automatic kernel for each kind of row (host code only: runs without a GPU, so
-// CI checks the choices the H200 runs measured; NOTES.md runs 23-32).
+// CI checks that the choices measured fastest on the H200 stay the automatic ones).
 TEST(RowSumPlan, KernelForEachRowLength) {
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
   const void* misaligned = reinterpret_cast<const void*>(uintptr_t{258});
@@ -754,7 +754,7 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
-// The softmax's automatic short-row kernel (host code only, as above; NOTES.md run 33): the Exact
+// The softmax's automatic short-row kernel (host code only, as above): the Exact
 // form on rows of exactly lanes x accesses, 128-thread blocks below 32 lanes per row.
 TEST(SoftmaxPlan, ShortRowKernelForEachRowLength) {
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
