@@ -1,5 +1,5 @@
 // matmul_bench: times our matmul+ReLU (cuBLASLt path, with and without bias,
-// and the tiled kernel) on the issue's shapes for fp32 (exact and TF32), fp16
+// and the tiled kernel) on the benchmark shapes for fp32 (exact and TF32), fp16
 // and bf16. Each config: random inputs in [-1, 1) (never zeros), 3 warm-up
 // launches, then repetitions each preceded by a 256 MiB read that evicts L2
 // (as interleaved_timer.py does for the torch peers), timed with CUDA
@@ -24,6 +24,7 @@
 #include "bench/gpu/check_cuda.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace {
 
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
         bool failed = false;
         auto run = [&] {
           if (tiled) {
-            if (fc::LaunchMatmulReluTiled(args, nullptr, which) != cudaSuccess) failed = true;
+            if (fc::LaunchMatmulReluTiledWith(which, args, nullptr) != cudaSuccess) failed = true;
           } else if (!lt.Run(args, nullptr).ok()) {
             failed = true;
           }

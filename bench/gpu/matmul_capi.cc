@@ -11,9 +11,9 @@
 //   2  tiled kernel forced to mma.sync
 //   3  cuBLASLt with the heuristic's candidates timed (kAutotune), default workspace
 //   4  cuBLASLt, heuristic's first pick, 1 MiB workspace (PyTorch 2.11's cuBLASLt default)
-//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace (the default of runs 1-4)
-//   6  cuBLASLt, heuristic's first pick, no workspace (never better in run 4; not in the
-//      harness's A/B rounds any more)
+//   5  cuBLASLt, heuristic's first pick, 32 MiB workspace
+//   6  cuBLASLt, heuristic's first pick, no workspace (never faster than 4 or 5 on the
+//      benchmark shapes; not in the harness's A/B rounds)
 // Each cuBLASLt code has its own runner, workspace and algorithm cache, so a
 // code's choice never leaks into another's. Single-threaded use only.
 #include <cuda_runtime.h>
@@ -25,6 +25,7 @@
 #include <string>
 
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace {
 namespace fc = fusebox::cuda;
@@ -38,14 +39,14 @@ int64_t WorkspaceOf(int impl) {
   switch (impl) {
     case 0:
     case 3: return static_cast<int64_t>(fc::CublasLtMatmul::kDefaultWorkspaceBytes);
-    case 4: return static_cast<int64_t>(fc::CublasLtMatmul::kTorchWorkspaceBytes);
-    case 5: return static_cast<int64_t>(fc::CublasLtMatmul::kLargeWorkspaceBytes);
+    case 4: return static_cast<int64_t>(fc::kLtTorchWorkspaceBytes);
+    case 5: return static_cast<int64_t>(fc::kLtLargeWorkspaceBytes);
     case 6: return 0;
     default: return -1;
   }
 }
 
-fc::LtAlgoPolicy PolicyOf(int impl) {
+fc::LtAlgoPolicy PolicyFor(int impl) {
   switch (impl) {
     case 0: return fc::LtAlgoPolicy::kTwoPicks;
     case 3: return fc::LtAlgoPolicy::kAutotune;
@@ -60,7 +61,7 @@ fc::CublasLtMatmul* Runner(int impl) {
   if (!tried[impl]) {
     tried[impl] = true;
     auto r = fc::CublasLtMatmul::Create(fc::NewMatmulAlgoCache(),
-                                        static_cast<size_t>(WorkspaceOf(impl)), PolicyOf(impl));
+                                        static_cast<size_t>(WorkspaceOf(impl)), PolicyFor(impl));
     if (r.ok()) runners[impl] = std::move(*r);
   }
   return runners[impl].get();
@@ -96,7 +97,7 @@ extern "C" __attribute__((visibility("default"))) int fusebox_bench_matmul(
     return r != nullptr && r->Run(args, s).ok() ? 0 : 1;
   }
   const auto which = impl == 2 ? fc::TiledKernel::kMmaSync : fc::TiledKernel::kAuto;
-  return fc::LaunchMatmulReluTiled(args, s, which) == cudaSuccess ? 0 : 2;
+  return fc::LaunchMatmulReluTiledWith(which, args, s) == cudaSuccess ? 0 : 2;
 }
 
 // The workspace bytes a cuBLASLt impl code offers (-1: not a cuBLASLt code),
@@ -107,7 +108,7 @@ extern "C" __attribute__((visibility("default"))) int64_t fusebox_bench_workspac
 
 // Writes the algorithm a cuBLASLt impl code uses for these arguments into buf
 // (NUL-terminated, truncated to len), with how it was chosen ("choice ...",
-// matmul.h's CublasLtMatmul::DescribeAlgo). On a first call of the key it is
+// matmul_tuning.h's DescribeAlgo). On a first call of the key it is
 // chosen now, as the first Run would: code 0 may time its two picks on
 // `stream`, writing `out`. Returns 0 on success, 1 on failure (the message is
 // written to buf).
@@ -119,8 +120,8 @@ extern "C" __attribute__((visibility("default"))) int fusebox_bench_matmul_algo(
   int rc = 1;
   if (auto* r = Runner(impl); r == nullptr) {
     text = "not a cuBLASLt impl code, or its runner failed to start";
-  } else if (auto d = r->DescribeAlgo(Args(dtype, m, n, k, a, b, bias, out, allow_tf32),
-                                      static_cast<cudaStream_t>(stream));
+  } else if (auto d = fc::DescribeAlgo(*r, Args(dtype, m, n, k, a, b, bias, out, allow_tf32),
+                                         static_cast<cudaStream_t>(stream));
              d.ok()) {
     text = *d;
     rc = 0;

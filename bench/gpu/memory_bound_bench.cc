@@ -1,8 +1,8 @@
-// Times fusebox's memory-bound launchers (kernels/cuda/launch.h) on the issue-3 shapes: GeLU
+// Times fusebox's memory-bound launchers (kernels/cuda/launch.h) on the benchmark shapes: GeLU
 // 2^28 elements; softmax and row sum 262144x128, 65536x1024, 8192x8192, 2048x32768, 128x1048576;
 // float32 and bfloat16 (float16 with --fp16). Also times the forced kernel variants of
-// memory_bound_variants.h, a cudaMemcpy device-to-device copy as a ceiling and the 64 MiB read our
-// row sum reaches.
+// memory_bound_variants.h (kernels/cuda/tuning.h), a cudaMemcpy device-to-device copy as a
+// ceiling and the 64 MiB read our row sum reaches.
 //
 // Method (the same as memory_bound_peers.py, so the numbers compare): before every timed launch
 // the L2 is flushed by reading a 256 MiB buffer (clean lines, nothing left to write back); the
@@ -25,6 +25,7 @@
 #include "bench/gpu/memory_bound_fill.h"
 #include "bench/gpu/memory_bound_variants.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::bench {
 namespace {

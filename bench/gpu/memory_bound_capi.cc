@@ -1,7 +1,7 @@
-// A C entry point to our memory-bound launchers (kernels/cuda/launch.h) for memory_bound_peers.py
-// (ctypes), so that our kernels and the torch / torch.compile / Triton peers are timed by one
-// harness, on the same tensors, interleaved in one process: no clock, thermal or ordering drift
-// between two programs. Benchmark-only; the server never loads this.
+// A C entry point to our memory-bound launchers (kernels/cuda/launch.h, tuning.h) for
+// memory_bound_peers.py (ctypes), so that our kernels and the torch / torch.compile / Triton
+// peers are timed by one harness, on the same tensors, interleaved in one process: no clock,
+// thermal or ordering drift between two programs. Benchmark-only; the server never loads this.
 //
 // op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
@@ -22,6 +22,7 @@
 
 #include "bench/gpu/triton_softmax_program.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/dtype.h"
 
 namespace {
@@ -53,7 +54,7 @@ fc::KernelChoice ToChoice(const int32_t* c) {
 fc::Workspace SoftmaxWorkspace(DType dt, int64_t rows, int64_t cols, const fc::KernelChoice& k) {
   static void* buf = nullptr;
   static size_t size = 0;
-  const size_t need = fc::SoftmaxWorkspaceBytes(dt, rows, cols, k);
+  const size_t need = fc::SoftmaxWorkspaceBytesWith(k, dt, rows, cols);
   if (need > size) {
     cudaFree(buf);
     buf = nullptr;
@@ -100,7 +101,9 @@ FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const v
   if (!ValidDType(dtype)) return;
   const auto dt = static_cast<DType>(dtype);
   const fc::KernelChoice k = ToChoice(choice);
-  if (op == 1) fc::DescribeSoftmax(dt, in, out, rows, cols, k, buf, len, fc::SoftmaxWorkspaceBytes(dt, rows, cols, k));
+  if (op == 1) {
+    fc::DescribeSoftmax(dt, in, out, rows, cols, k, buf, len, fc::SoftmaxWorkspaceBytesWith(k, dt, rows, cols));
+  }
   if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, k, buf, len);
 }
 

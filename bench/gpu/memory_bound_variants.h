@@ -1,6 +1,8 @@
-// The benchmark shapes of issue 3 for the memory-bound ops, and the forced kernel variants the
-// benchmark times beside the automatic choice (kernels/cuda/launch.h, KernelChoice). The GPU
-// tests run every variant too (on fewer rows), so a variant that is timed is also checked.
+// The benchmark shapes for the memory-bound ops, and the forced kernel variants the benchmark
+// times beside the automatic choice (kernels/cuda/tuning.h, KernelChoice): mostly the choices the
+// automatic one was measured against, so that a change in the hardware or the compiler that
+// reverses a decision shows up. The GPU tests run every variant too (on fewer rows), so a variant
+// that is timed is also checked.
 #pragma once
 
 #include <array>
@@ -8,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 #include "kernels/dtype.h"
 
 namespace fusebox::bench {
@@ -61,7 +63,7 @@ inline std::vector<Variant> Variants() {
     add("gelu", g, d, Choice(0, 2, 0, 128, 0, 0, 0, 1), "u=2 t=128 cs");
     add("gelu", g, d, Choice(0, 8, 0, 256, 0, 0, 0, kPlain), "u=8 t=256 plain");
   }
-  // ---- softmax (2026-11-29 run 2: the pipelined kernel lost to the one-shot one everywhere)
+  // ---- softmax (the pipelined kernel is slower than the one-shot one on every shape)
   add("softmax", {262144, 128}, D::kFloat32, Choice(8, 4, 0, 0, 0, -1), "rows tpr=8 v=4");
   add("softmax", {262144, 128}, D::kFloat32, Choice(16, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=16 plain");
   add("softmax", {262144, 128}, D::kBFloat16, Choice(4, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=4 plain");
@@ -71,18 +73,19 @@ inline std::vector<Variant> Variants() {
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 1, 1, 128, 0, 1), "block t=128 v=1");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 2, 1, 64, 0, 1), "block t=64 v=2");
   add("softmax", {65536, 1024}, D::kBFloat16, Choice(0, 4, 0, 0, 0, -1, 0, kPlain), "rows tpr=32 plain");
-  // Short rows: e^(x - max) recomputed (the default before run 5), block sizes (run 6: one warp
-  // per block when a warp holds a row, else 256).
+  // Short rows: e^(x - max) recomputed rather than kept in registers, block sizes (automatic: one
+  // warp per block when a warp holds a row, else 256).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{262144, 128}, Shape{65536, 1024}}) {
       add("softmax", sh, d, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rows recompute exp");
-      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, -1, -1), "rows bounds-checked");  // before run 33
+      add("softmax", sh, d, Choice(0, 0, 0, 0, 0, -1, -1), "rows bounds-checked");  // not Exact
       add("softmax", sh, d, Choice(0, 0, 0, 64, 0, -1), "rows t=64");
       add("softmax", sh, d, Choice(0, 0, 0, 128, 0, -1), "rows t=128");
       add("softmax", sh, d, Choice(0, 0, 0, 256, 0, -1), "rows t=256");
     }
   }
-  // The row-block kernel at 128 x 8 (bf16 before run 33) and the exact kernel for fp32 (run 33).
+  // The row-block kernel at 128 x 8 (against bf16's exact kernel at 512 x 2) and the exact kernel
+  // for fp32 (against its recomputing one).
   add("softmax", {8192, 8192}, D::kBFloat16, Choice(0, 0, 0, 0, 0, 0, 0, 0, -1), "rowblock recompute");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 0, 0, 0, 0, 0, 0, 0, 1), "rowblock exact");
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 4, 1, 512, 0, 1), "block t=512 v=4");
@@ -99,7 +102,7 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 4, 16, 512, 98304, 1), "c=16 96K smem +L2");
   // Clusters of 15 (fp32: 15 x 288 KiB hold a 4 MiB row; if 8 clusters of 15 fit where 7 of 16
-  // do, 128 rows take 16 waves instead of 19) and other non-power-of-two sizes (run 8).
+  // do, 128 rows take 16 waves instead of 19) and other non-power-of-two sizes.
   add("softmax", {128, 1048576}, D::kFloat32, Choice(0, 8, 15, 512, 0, 1), "c=15 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 15, 512, 0, 1), "c=15 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 12, 512, 0, 1), "c=12 v=8");
@@ -108,7 +111,7 @@ inline std::vector<Variant> Variants() {
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 8, 512, 0, 1), "c=8 v=8");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 0, kPlain), "c=16 v=8 plain");
   add("softmax", {128, 1048576}, D::kBFloat16, Choice(0, 8, 16, 512, 0, 1, 1), "pipe c=16 v=8");
-  // e^(x - max) as (x - max) x log2(e), the form before run 12 (now one FFMA where |max| <= 32).
+  // e^(x - max) as (x - max) x log2(e), the two-step form (automatic: one FFMA where |max| <= 32).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (const Shape& sh : RowShapes()) {
       cuda::KernelChoice k;
@@ -116,13 +119,13 @@ inline std::vector<Variant> Variants() {
       add("softmax", sh, d, k, "exp two-step");
     }
   }
-  // 8192-column rows: the chunk kernel (cluster of 1) as before run 20, and the lean row-block
-  // kernel with other geometries.
+  // 8192-column rows: the chunk kernel (cluster of 1) instead of the row-block one, and the lean
+  // row-block kernel with other geometries.
   for (D d : {D::kFloat32, D::kBFloat16}) {
     add("softmax", {8192, 8192}, d, Choice(0, 0, 1, 0, 0, 1), "chunk kernel c=1");
     add("softmax", {8192, 8192}, d, Choice(0, 4, 0, 256, 0, 1), "t=256 v=4");
   }
-  // Rows split over plain blocks meeting in the workspace (runs 11-18; the automatic choice for
+  // Rows split over plain blocks meeting in the workspace (the automatic choice for
   // 128x1048576 is 32 x (256 threads, 8 accesses) with the 1/4 L2 prefetch). Alternatives
   // that came close, and the prefetch at other distances (half: the L2 thrashes).
   auto split = [&](D d, int blocks, int threads, int vpt, int prefetch) {
@@ -139,8 +142,8 @@ inline std::vector<Variant> Variants() {
   split(D::kFloat32, 64, 256, 8, 0);
   split(D::kBFloat16, 16, 512, 4, 0);
   split(D::kBFloat16, 32, 256, 4, 0);
-  split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice before run 18
-  // The same L2 prefetch on block-per-row shapes (run 14: +-1% at 1/2, -20% at 1/1; run 36: the
+  split(D::kBFloat16, 32, 256, 8, -1);  // the automatic choice without the prefetch
+  // The same L2 prefetch on block-per-row shapes (+-1% at 1/2, -20% at 1/1; the
   // row-block kernels' own prefetching form, fp32 +0-2.3% at 1/4, 2-byte rows -1-3%).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (int q : {-1, 1, 2}) {
@@ -149,7 +152,7 @@ inline std::vector<Variant> Variants() {
       add("softmax", {8192, 8192}, d, k, q < 0 ? "auto no prefetch" : q == 1 ? "auto prefetch=1" : "auto prefetch=2");
     }
   }
-  // The row-block kernel at 256 threads x 8 (fp32 8192^2's default before run 22, now 512 x 4).
+  // The row-block kernel at 256 threads x 8 (against fp32 8192^2's automatic 512 x 4).
   add("softmax", {8192, 8192}, D::kFloat32, Choice(0, 8, 0, 256, 0, 0), "rowblock t=256 v=8");
   // ---- row sum
   for (D d : {D::kFloat32, D::kBFloat16}) {
@@ -161,10 +164,10 @@ inline std::vector<Variant> Variants() {
   add("rowsum", {65536, 1024}, D::kFloat32, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32");
   add("rowsum", {8192, 8192}, D::kBFloat16, Choice(32, 0, 0, 0, 0, -1), "rows tpr=32 (was auto)");
   add("rowsum", {128, 1048576}, D::kFloat32, Choice(0, 0, 4, 0, 0, 1), "cluster c=4");
-  // Rows of one batch are the automatic choice at 8192 columns (bf16 512 x 2, fp32 512 x 4 since
-  // run 39); "block u=8 t=256" below is fp32's loop kernel before.
-  // Long rows: loads in flight per thread x threads per block (run 5-6: u=4 t=256, u=16 for fp32
-  // with >= 64 accesses per thread; run 25: the most of 16 / 8 / 4 that a thread's accesses fill).
+  // Rows of one batch are the automatic choice at 8192 columns (bf16 512 x 2, fp32 512 x 4);
+  // "block u=8 t=256" below is fp32's loop-kernel alternative there.
+  // Long rows: loads in flight per thread x threads per block (automatic: 256 threads with the
+  // most of 16 / 8 / 4 loads that a thread's accesses fill).
   for (D d : {D::kFloat32, D::kBFloat16}) {
     for (Shape sh : {Shape{8192, 8192}, Shape{2048, 32768}, Shape{128, 1048576}}) {
       add("rowsum", sh, d, Choice(0, 4, 0, 256, 0, 1), "block u=4 t=256");

@@ -4,7 +4,7 @@
 # one process, with the A/B rounds: our default cuBLASLt runner -- two picks -- beside the 32 MiB
 # and the 1 MiB first picks), then the tables, then compute-sanitizer: memcheck over both test
 # binaries (everything, cuBLASLt included); racecheck over our tiled kernels only, no cuBLASLt
-# call at all (racecheck cannot run cuBLASLt's kernels: run 4), as two runs with two logs -- the
+# call at all (racecheck cannot run cuBLASLt's kernels), as two runs with two logs -- the
 # TMA/wgmma kernel, then the mma.sync and FFMA kernels -- so a sanitizer failure in one cannot
 # hide the other (FUSEBOX_MATMUL_TEST_IMPLS selects them in the test binary).
 # Builds nothing: bundle first (tools/gpu/device_all.sh).
@@ -107,8 +107,8 @@ if [ $sanitize = 1 ]; then
     --gtest_brief=1 \
     "--gtest_filter=-CudaBackendBroken.*:CudaBackendPoolFull.*:*OutOfMemory*:*LargeTransfers*:*Concurrent*:*TimingsMatchTheWork*"
   # racecheck: shared-memory hazards in our own kernels, and no cuBLASLt kernel launched at all
-  # (in run 4 racecheck failed on one, "failed to handle a hardware exception", and every later
-  # test failed with it). Two runs, two logs: WgmmaMatmulRelu (TMA + wgmma; racecheck may not
+  # (racecheck fails on them, "failed to handle a hardware exception", and every later test fails
+  # with it). Two runs, two logs: WgmmaMatmulRelu (TMA + wgmma; racecheck may not
   # model the async proxy), then MmaMatmulRelu (cp.async + mma.sync) and SimtMatmulRelu (FFMA).
   san racecheck_wgmma "$limit" wgmma racecheck --kernel-name kns=MatmulRelu \
     "$B/bin/fusebox_gpu_matmul_test" --gtest_brief=1 "--gtest_filter=Dtypes/MatmulTest.*"

@@ -17,13 +17,14 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::cuda {
 namespace {
 
-// Measured on the H200 (bench/gpu/NOTES.md): 128 threads x 2 vectors reach the copy ceiling
-// (4274 | 4262 GB/s fp32 | bf16); 256 x 4 stayed at 97%. Plain loads and stores: streaming (.cs)
-// stores lose 2-5% when L2 holds ordinary lines, as in a process that runs other work (run 4).
+// Measured on the H200: 128 threads x 2 vectors reach the copy ceiling (4274 | 4262 GB/s fp32 |
+// bf16); 256 x 4 stayed at 97%. Plain loads and stores: streaming (.cs) stores lose 2-5% when L2
+// holds ordinary lines, as in a process that runs other work.
 constexpr int kThreads = 128;
 constexpr int kUnroll = 2;
 constexpr bool kDefaultStreaming = false;

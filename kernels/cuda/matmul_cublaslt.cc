@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -173,12 +174,12 @@ constexpr float kSmallPickMinGain = 0.02f;
 constexpr int kNumEvents = 4 * kPickRounds;
 // Two picks: bytes read before each timed launch to push the operands out of
 // L2 (50 MB on the H100 / H200), so that the picks are compared as the
-// benchmarks compare them: on operands read from HBM (run 5: on 64x4096x4096
-// TF32 the warm-L2 timing kept the pick that is 4% slower cold). Read, not
-// written: a memset left up to 50 MB of dirty lines that the timed launch then
-// wrote back (run 7: it made the 1 MiB pick "win" on 64x4096x4096 TF32 without
-// bias, 8% slower in the benchmark). The read is FlushL2, into a small tail of
-// the same buffer.
+// benchmarks compare them: on operands read from HBM (measured: on
+// 64x4096x4096 TF32 a warm-L2 timing kept the pick that is 4% slower cold).
+// Read, not written: a memset leaves up to 50 MB of dirty lines that the timed
+// launch then writes back (measured: that made the 1 MiB pick "win" on
+// 64x4096x4096 TF32 without bias, though 8% slower in the benchmark). The read
+// is FlushL2, into a small tail of the same buffer.
 constexpr size_t kPickFlushBytes = size_t{64} << 20;
 
 // FNV-1a over the opaque algorithm: equal hashes mean the same configuration.
@@ -251,8 +252,8 @@ absl::StatusOr<std::unique_ptr<CublasLtMatmul>> CublasLtMatmul::Create(
   // which needs a current context. On a thread that has not made a runtime
   // call yet none is current (the runtime binds its primary context lazily),
   // so the query fails inside cuBLASLt -- harmlessly, but compute-sanitizer
-  // reports it as CUDA_ERROR_INVALID_CONTEXT (run 4, a runner created on a
-  // fresh std::thread). cudaFree(nullptr) frees nothing and makes the current
+  // reports it as CUDA_ERROR_INVALID_CONTEXT (for instance, a runner created
+  // on a fresh std::thread). cudaFree(nullptr) frees nothing and makes the current
   // device's primary context current on this thread.
   if (absl::Status s = CudaStatus(cudaFree(nullptr), "context init (cudaFree(nullptr))"); !s.ok()) {
     cudaGetLastError();
@@ -350,7 +351,7 @@ absl::Status CublasLtMatmul::Choose(const MatmulArgs& args, cudaStream_t stream,
     } else if (!Heuristic(plan, small_ws, 1, &small, &found).ok()) {
       e.choice = LtAlgoChoice::kNoSecondPick;  // nothing fits the small workspace
     } else if (SameAlgo(small.algo, large.algo)) {
-      e.choice = LtAlgoChoice::kPicksAgree;  // fp16/bf16 in run 4: untimed, as kFirstPick
+      e.choice = LtAlgoChoice::kPicksAgree;  // e.g. fp16/bf16 on the H200: untimed, as kFirstPick
       e.small_hash = e.large_hash;
     } else {
       e.small_hash = AlgoHash(small.algo);
@@ -534,19 +535,24 @@ absl::Status CublasLtMatmul::Prepare(const MatmulArgs& args, cudaStream_t stream
   return MakePlan(args, stream, &plan);
 }
 
-size_t CublasLtMatmul::workspace_bytes() const { return impl_->workspace_bytes; }
-LtAlgoPolicy CublasLtMatmul::policy() const { return impl_->policy; }
-LtStats CublasLtMatmul::stats() const { return impl_->stats; }
+// matmul_tuning.h's view of a runner: its policy, its counters and its choice for a key.
+struct LtRunnerAccess {
+  static LtAlgoPolicy Policy(const CublasLtMatmul& lt) { return lt.impl_->policy; }
+  static LtStats Stats(const CublasLtMatmul& lt) { return lt.impl_->stats; }
+  static absl::StatusOr<LtAlgoInfo> Info(CublasLtMatmul& lt, const MatmulArgs& args,
+                                         cudaStream_t stream);
+};
 
-absl::StatusOr<LtAlgoInfo> CublasLtMatmul::AlgoInfo(const MatmulArgs& args, cudaStream_t stream) {
+absl::StatusOr<LtAlgoInfo> LtRunnerAccess::Info(CublasLtMatmul& lt, const MatmulArgs& args,
+                                                cudaStream_t stream) {
   if (absl::Status s = ValidateMatmul(args); !s.ok()) return s;
   LtAlgoInfo info;
   if (args.m == 0 || args.n == 0 || args.k == 0) {
     info.description = "none (empty or K=0: tiled)";
     return info;
   }
-  Plan plan;
-  if (absl::Status s = MakePlan(args, stream, &plan); !s.ok()) return s;
+  CublasLtMatmul::Plan plan;
+  if (absl::Status s = lt.MakePlan(args, stream, &plan); !s.ok()) return s;
   const MatmulAlgoCache::Entry& e = plan.entry;
   const cublasLtMatmulAlgo_t& algo = e.algo;
   info.choice = e.choice;
@@ -592,9 +598,17 @@ absl::StatusOr<LtAlgoInfo> CublasLtMatmul::AlgoInfo(const MatmulArgs& args, cuda
   return info;
 }
 
-absl::StatusOr<std::string> CublasLtMatmul::DescribeAlgo(const MatmulArgs& args,
-                                                         cudaStream_t stream) {
-  absl::StatusOr<LtAlgoInfo> info = AlgoInfo(args, stream);
+LtAlgoPolicy PolicyOf(const CublasLtMatmul& lt) { return LtRunnerAccess::Policy(lt); }
+LtStats StatsOf(const CublasLtMatmul& lt) { return LtRunnerAccess::Stats(lt); }
+
+absl::StatusOr<LtAlgoInfo> AlgoInfoOf(CublasLtMatmul& lt, const MatmulArgs& args,
+                                      cudaStream_t stream) {
+  return LtRunnerAccess::Info(lt, args, stream);
+}
+
+absl::StatusOr<std::string> DescribeAlgo(CublasLtMatmul& lt, const MatmulArgs& args,
+                                         cudaStream_t stream) {
+  absl::StatusOr<LtAlgoInfo> info = AlgoInfoOf(lt, args, stream);
   if (!info.ok()) return info.status();
   return std::move(info->description);
 }

@@ -1,6 +1,14 @@
 // Our own matmul+ReLU kernels (see matmul.h): out = relu(A B + bias), row-major.
 //
-// float16 / bfloat16: tensor cores through mma.sync.m16n8k16 (fp32 accumulate).
+// float16 / bfloat16, large aligned problems (K % 8 == 0, N % 8 == 0, A and B
+//   16-byte aligned, at least one 128x256 output tile per SM): wgmma + TMA,
+//   warp-specialised: 128x256 tiles, one producer warp issuing TMA copies
+//   into a 4-stage shared-memory ring, two consumer warpgroups (details at the
+//   kernel below). Cost: 2MNK flops; bytes ~ (M K (N/256) + K N (M/128)) from
+//   L2, MK+KN+MN from HBM with the same grouped raster as below.
+//
+// float16 / bfloat16, everything else: tensor cores through mma.sync.m16n8k16
+//   (fp32 accumulate).
 //   A block computes a BM x BN tile of the output, walking K in steps of 32.
 //   Tiles of A (BM x 32) and B (32 x BN) stream into shared memory with
 //   cp.async, 4 stages deep, so three tiles are in flight while one is used.
@@ -33,6 +41,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -683,7 +692,8 @@ cudaError_t LaunchHalf(const MatmulArgs& a, cudaStream_t stream, TiledKernel whi
 
 }  // namespace
 
-cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream, TiledKernel which) {
+cudaError_t LaunchMatmulReluTiledWith(TiledKernel which, const MatmulArgs& a,
+                                      cudaStream_t stream) {
   if (!ValidateMatmul(a).ok()) return cudaErrorInvalidValue;
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   switch (a.dtype) {
@@ -700,6 +710,10 @@ cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream, Tile
       return cudaGetLastError();
     }
   }
+}
+
+cudaError_t LaunchMatmulReluTiled(const MatmulArgs& a, cudaStream_t stream) {
+  return LaunchMatmulReluTiledWith(TiledKernel::kAuto, a, stream);
 }
 
 }  // namespace fusebox::cuda

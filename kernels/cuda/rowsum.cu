@@ -18,7 +18,7 @@
 //    loads, read by a kernel without a loop or bounds checks.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
-// a block-per-row kernel starts its loads within ~25 instructions (NOTES.md run 23).
+// a block-per-row kernel starts its loads within ~25 instructions (in SASS).
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -26,6 +26,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -58,8 +59,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
 #pragma unroll
     for (int u = 0; u < U; ++u) x[u] = LoadHint(Cs, src + a + u * step);
     // Element-wise over the batch, last access first: fp32 262144x128 +4.6% against each access
-    // summed in load order (ptxas orders the loads by its register target either way; NOTES.md
-    // run 23).
+    // summed in load order (ptxas orders the loads by its register target either way).
     float v[W];
     Unpack<T, W>(x[U - 1], v);
 #pragma unroll
@@ -73,7 +73,7 @@ __device__ __forceinline__ float StridedSum(const typename Pack<T, W>::Raw* src,
     for (int e = 0; e < W; ++e) acc[e & 3] += v[e];
   }
   // Tail: still issue the loads together. Skipped as a whole when empty (rows that are whole
-  // batches: the predicated-off tail was ~100 instructions per warp, NOTES.md run 23).
+  // batches: a predicated-off tail costs ~100 instructions per warp).
   if (a < n) {
     R x[U];
 #pragma unroll
@@ -166,7 +166,7 @@ const void* SmallKernel(int tpr, int unroll, bool exact) {
 // block b sums row b. Clustered: grid.x = rows * csize, cluster (csize, 1, 1); each block sums its
 // chunk and the cluster's block 0 adds the partial sums in rank order.
 // 4 loads in flight: at most 32 registers, a full SM (ptxas would take 34 for fp32 256 x 4 without
-// the bound: 6 blocks instead of 8, -7% at 2048x32768, NOTES.md run 23).
+// the bound: 6 blocks instead of 8, -7% at 2048x32768).
 template <int U, int MaxT>
 constexpr int ChunkMinBlocks() {
   return U <= 4 ? 2048 / MaxT : 1;
@@ -215,7 +215,7 @@ __global__ __launch_bounds__(MaxT) void RowSumBatchKernel(const T* in, float* ou
 }
 
 // The one-batch kernel for (threads, loads per thread), or null where it is not built: 512 x 2
-// (the automatic choice), 512 x 4, 256 x 4 and 256 x 8 (forced only; NOTES.md run 32).
+// and 512 x 4 (the automatic choices, MakePlan), 256 x 4 and 256 x 8 (forced only, to compare).
 template <typename T, int W>
 const void* BatchKernel(int threads, int unroll, bool cs) {
   auto pick = [&](auto u, auto t) -> const void* {
@@ -237,8 +237,8 @@ const void* BatchKernel(int threads, int unroll, bool cs) {
 // The long-row kernel for `threads` per block, `unroll` loads in flight, the hint and the cluster
 // mode, or null where that pair is not built: 16-byte and scalar accesses 256 x 4 / 8 / 16 and
 // 512 x 8; 8-byte accesses 512 x 16 only (the one pair MakePlan picks for them). Measured slower
-// and not built: 1024-thread blocks (~30% at 8192 columns, run 5); 512 x 1 / 2 / 4, 256 x 2 and
-// 128 x 8 (0.3-16%, runs 21-22).
+// and not built: 1024-thread blocks (~30% at 8192 columns); 512 x 1 / 2 / 4, 256 x 2 and
+// 128 x 8 (0.3-16%).
 template <typename T, int W>
 const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
   auto pick = [&](auto u, auto t) -> const void* {
@@ -294,14 +294,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;
   // 1024 accesses (16 KiB) and longer: a block per row beats a warp per row (bf16 8192 columns:
-  // 4011 vs 3888 GB/s in one run, NOTES.md run 4).
+  // 4011 vs 3888 GB/s on the H200).
   p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
   if (p->small) {
-    // 16-byte accesses: one lane per 2, at least 8 and at most 32 lanes. In-process A/B: against
-    // one lane per 64 elements (NOTES.md run 24) bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024
-    // columns 32 lanes +1.1-1.2%, bf16 1024 columns 32 lanes +0.4%; fp32 128 columns 16 lanes
-    // +0.7-1.2% over 8 (run 25). Scalar rows: one lane per 64 elements, at least 4 and at most 32
-    // (NOTES.md run 4).
+    // 16-byte accesses: one lane per 2, at least 8 and at most 32 lanes. In-process A/B against
+    // one lane per 64 elements: bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024 columns 32 lanes
+    // +1.1-1.2%, bf16 1024 columns 32 lanes +0.4%; fp32 128 columns 16 lanes +0.7-1.2% over 8.
+    // Scalar rows: one lane per 64 elements, at least 4 and at most 32.
     const int auto_tpr = p->vec ? std::min(32, std::max(8, Pow2Ceil(CeilDiv(nacc, 2))))
                                 : std::min(32, std::max(4, Pow2Ceil(CeilDiv(cols, 64))));
     p->tpr = k.threads_per_row ? k.threads_per_row : auto_tpr;
@@ -309,12 +308,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     p->threads = k.threads ? k.threads : kThreads;
     if (p->threads != 256 && p->threads != 512 && p->threads != 1024) return cudaErrorInvalidValue;
     // Loads in flight per lane: 4 where a lane has at most 4 accesses (one batch, no tail: bf16
-    // 262144x128; NOTES.md run 23), else 8.
+    // 262144x128), else 8.
     const bool four = p->cs && p->vec && CeilDiv(nacc, p->tpr) <= 4;
     p->unroll = k.vectors_per_thread ? k.vectors_per_thread : four ? 4 : kUnroll;
     // Rows of exactly 2 accesses per lane (128 columns) read them without a loop or bounds checks
-    // (the 4-load batch left 2 loads predicated off). NOTES.md run 32: kernel time bf16 262144x128
-    // 15.78 us against 15.94-16.10 in the day's earlier runs, fp32 29.70 against 29.86-30.18.
+    // (the 4-load batch left 2 loads predicated off). Kernel time bf16 262144x128 15.78 us against
+    // 15.94-16.10 with the loop, fp32 29.70 against 29.86-30.18.
     // pipeline = 1 forces it for 2, 4 or 8 accesses per lane (rows of exactly tpr x that).
     const int per_lane = p->vec && nacc % p->tpr == 0 ? nacc / p->tpr : 0;
     p->batch = k.pipeline > 0 || (k.pipeline == 0 && k.vectors_per_thread == 0 && per_lane == 2);
@@ -331,8 +330,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   if (rows * p->csize > INT_MAX) return cudaErrorInvalidValue;
   // 2-byte rows that one block reads with 16 or more 8-byte loads per thread in 512-thread blocks
   // (32768-65536 columns): torch.compile's loads, 8 bytes each with the L2 evict-first policy.
-  // In-process A/B (NOTES.md run 30): bf16 2048x32768 +0.9 / +1.4%; at 8192 columns (4 per
-  // thread, -0.3%) and on clusters (128x1048576, -0.8%) it loses, so it is not taken there.
+  // In-process A/B: bf16 2048x32768 +0.9 / +1.4%; at 8192 columns (4 per thread, -0.3%) and on
+  // clusters (128x1048576, -0.8%) it loses, so it is not taken there.
   p->w8 = sizeof(T) == 2 && p->vec && p->cs && p->csize == 1 && k.cluster == 0 && k.threads == 0 &&
           k.vectors_per_thread == 0 && k.pipeline <= 0 && 2 * nacc >= 512 * 16;
   if (p->w8) {
@@ -343,11 +342,11 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     return cudaSuccess;
   }
   // Rows of exactly 1024 16-byte accesses (16 KiB: 2-byte types' 8192 columns, fp32's 4096): one
-  // batch of 512 threads x 2 loads (RowSumBatchKernel). In the load probe (NOTES.md run 32, 400
-  // rounds, two runs) bf16 8192^2 +1.3 / +1.2% over 256 x 4 through RowSumChunkKernel, whose loop
+  // batch of 512 threads x 2 loads (RowSumBatchKernel). In a standalone probe (400 rounds,
+  // twice) bf16 8192^2 +1.3 / +1.2% over 256 x 4 through RowSumChunkKernel, whose loop
   // nvcc unrolls around a row of one batch. Rows of exactly 2048 (32 KiB: fp32's 8192 columns,
   // 2-byte 16384): one batch of 512 x 4 (fp32 8192^2 against the 256 x 8 loop: +0.1-0.3% as a
-  // forced variant in four peers' processes, level in an A/B of the two builds; NOTES.md run 39).
+  // forced variant in four peers' processes, level in an A/B of the two builds).
   // KernelChoice::pipeline = 1 forces the kernel at the given (threads, vectors_per_thread) on rows
   // of exactly that many accesses, -1 never takes it.
   const bool forced = k.threads != 0 || k.vectors_per_thread != 0 || k.cluster != 0;
@@ -360,7 +359,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
     return fits && BatchKernel<T, 16 / sizeof(T)>(p->threads, p->unroll, p->cs) ? cudaSuccess : cudaErrorInvalidValue;
   }
   // Loads in flight per thread: 16, 8 or 4, the most that a thread's accesses fill (16-byte rows;
-  // scalar rows 4). Run 25 (C++ bench, 2c6c129): bf16 128x1048576 (64 per thread) u=16 +7.4%
+  // scalar rows 4). Measured (C++ bench): bf16 128x1048576 (64 per thread) u=16 +7.4%
   // over u=4, bf16 2048x32768 (16) +0.7%, fp32 8192^2 (8) u=8 +1.1%; bf16 8192^2 (4): u=8 -10%
   // (the whole row is the predicated tail). u=4 takes 32 registers (8 blocks of 256 per SM).
   // 512-thread blocks (forced only) come with 8, the one pair LongKernel builds for them.

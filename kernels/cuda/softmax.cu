@@ -31,13 +31,14 @@
 //        memory and read the row's pairs until all are there (Split, below). No gang-scheduling:
 //        all 132 SMs and 2-4 blocks per SM whose load / reduce / store phases drift apart. Blocks
 //        also prefetch into L2 the chunk a quarter of the resident blocks ahead. 128x1048576:
-//        ~90% (fp32) and ~86% (bf16) of copy bandwidth (NOTES.md runs 11-18);
+//        ~90% (fp32) and ~86% (bf16) of copy bandwidth on the H200;
 //      * without a workspace, a cluster of 16 (non-portable; 16 x 288 KiB covers a 2^20 fp32 row).
 //        The H200 fits only 7 at once (112 of 132 SMs), one block per SM alternating load / reduce
 //        / store: 128x1048576 at ~75% of copy bandwidth.
-//  - long rows, pipelined (opt-in, KernelChoice::pipeline = 1): persistent clusters that consume
-//    shared-memory pieces as they land and refill them with the next row; measured slower than
-//    the one-shot kernel on every shape so far (NOTES.md), kept for further work.
+//  - long rows, pipelined (forced only, KernelChoice::pipeline = 1 in tuning.h): persistent
+//    clusters that consume shared-memory pieces as they land and refill them with the next row;
+//    measured slower than the one-shot kernel on every benchmark shape, so never chosen
+//    automatically; kept as the variant the one-shot kernel is compared with.
 // Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
 //
 // Special values (as tests/reference.cc and PyTorch): a NaN or +inf in a row makes its sum NaN and
@@ -54,6 +55,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace fusebox::cuda {
 namespace {
@@ -64,7 +66,7 @@ constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
 constexpr int kMaxSplit = 64;                // blocks per row on the split path
 constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
-constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores lose 2-5% (NOTES run 4)
+constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores measured 2-5% slower
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -519,8 +521,8 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
 // A row that one block holds in registers (nacc <= threads x VPT; grid.x = rows): the same chunk
 // code without the shared-memory, streamed, cluster and split paths, and with the default hints
 // (plain loads and stores, the FFMA exponent) fixed at compile time: run-time flags cost fp32
-// VPT 4 six registers (NOTES.md run 21). MaxT = 256 is held to 48 registers (5 blocks of 256 per
-// SM where SoftmaxChunkKernel's 64 allow 4, run 20); MaxT = 512 (VPT <= 4) to 40 (fp32 VPT 4: 39,
+// VPT 4 six registers. MaxT = 256 is held to 48 registers (5 blocks of 256 per SM where
+// SoftmaxChunkKernel's 64 allow 4); MaxT = 512 (VPT <= 4) to 40 (fp32 VPT 4: 39,
 // no spill), 3 blocks of 512 as Triton's 8192-column row program. Prefetch (512-thread vector
 // kernels): after its loads, thread 0 prefetches into L2 the row `ahead` blocks later, as the chunk
 // kernel does; `ahead` is unused otherwise.
@@ -914,7 +916,7 @@ int64_t BlockCap(bool vec) { return static_cast<int64_t>(kChunkMaxThreads) * 8 +
 // Blocks per row the split path wants (1 = none): as forced, or, automatically, for vector rows
 // that need 8 or more on-chip blocks, rather than a cluster of 16, which only 7 at a time fit on
 // the H200 (112 SMs): 128 KiB per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM).
-// 128x1048576: fp32 +14%, bf16 +11% (NOTES.md runs 11-14). Arithmetic only: the workspace query
+// 128x1048576: fp32 +14%, bf16 +11% over the cluster. Arithmetic only: the workspace query
 // (SoftmaxWorkspaceBytes, on the server's sizing path) uses it without touching the device.
 template <typename T>
 int SplitWanted(const KernelChoice& k, int nacc, bool vec) {
@@ -946,14 +948,14 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, per_lane)));
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
-    // A warp per row: one-warp blocks (as torch.compile), fp32 65536x1024 +1.6-2% (NOTES.md run 6).
+    // A warp per row: one-warp blocks (as torch.compile), fp32 65536x1024 +1.6-2%.
     const int auto_threads = p->tpr == 32 ? 32 : kSmallThreads;
     p->threads = k.threads ? k.threads : auto_threads;  // a power of two, tpr..256, >= 32
     if (p->threads < std::max(32, p->tpr) || p->threads > kSmallThreads || (p->threads & (p->threads - 1)) != 0) {
       return cudaErrorInvalidValue;
     }
     // One exp per element wherever the row's values fit in registers (VPT x W <= 32 floats): bf16
-    // 262144x128 +4%, 65536x1024 +1.7%, fp32 within +-1% (in-process A/B, NOTES.md run 5).
+    // 262144x128 +4%, 65536x1024 +1.7%, fp32 within +-1% (in-process A/B).
     const int per_access = p->vec ? W : 1;
     const bool fits = p->vpt * per_access <= 32;
     p->exp_once = k.exp_once == 0 ? fits : k.exp_once > 0;
@@ -965,8 +967,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                SmallExactKernel<T, W>(p->tpr, per) != nullptr;
     if (k.pipeline > 0 && !p->exact) return cudaErrorInvalidValue;
     if (p->exact) p->vpt = per;
-    // Exact rows of fewer than 32 lanes: 128-thread blocks (the probe, fp32 / bf16 262144x128:
-    // +1.6 / +0.5-1.0% over 256, NOTES.md run 33).
+    // Exact rows of fewer than 32 lanes: 128-thread blocks (standalone probe, fp32 / bf16
+    // 262144x128: +1.6 / +0.5-1.0% over 256).
     if (p->exact && !k.threads && p->tpr < 32) p->threads = 128;
     return cudaSuccess;
   }
@@ -986,9 +988,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
   const int split = k.split > 1 ? k.split : auto_split ? want : 1;
   if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
-  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot (NOTES.md): opt-in
+  const bool pipe = p->vec && k.pipeline > 0;  // measured slower than one-shot: forced only
   // Clusters: fp32 measured faster with 4 accesses per thread in registers and more shared memory
-  // (2969 vs 2821 GB/s at 128x1048576, NOTES.md).
+  // (2969 vs 2821 GB/s at 128x1048576).
   const bool huge = CeilDiv(nacc, cap) > 4;
   int vpt = k.vectors_per_thread ? k.vectors_per_thread
             : auto_split         ? 8
@@ -1033,13 +1035,13 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       threads <= RowBlockMaxThreads(vpt) && chunk <= int64_t{threads} * vpt) {
     int lvpt = vpt, lthreads = threads;
     // 4-byte rows of 1025-2048 accesses (fp32 8192 columns): 512 threads x 4 (39 registers, 3
-    // blocks per SM, 75%) rather than 256 x 8 (48, 5 blocks, 62.5%): +0.3% (NOTES.md run 22).
+    // blocks per SM, 75%) rather than 256 x 8 (48, 5 blocks, 62.5%): +0.3%.
     if (sizeof(T) == 4 && p->vec && !k.vectors_per_thread && !k.threads && chunk > 1024) {
       lvpt = 4;
       lthreads = RoundUp32(CeilDiv(chunk, lvpt));
     }
     // 2-byte rows of exactly 1024 accesses (8192 columns): the exact kernel at 512 x 2 rather than
-    // the row-block kernel at 128 x 8 (bf16 8192^2 +0.6% in the probe, NOTES.md run 33).
+    // the row-block kernel at 128 x 8 (bf16 8192^2 +0.6% in a standalone probe).
     if (sizeof(T) == 2 && p->vec && !k.vectors_per_thread && !k.threads && k.exp_once >= 0 && chunk == 1024) {
       lvpt = 2;
       lthreads = 512;
@@ -1047,7 +1049,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     // 4-byte rows of one 512-thread block (fp32 4097-8192 columns), at least kPrefetchMinWaves
     // times as many as the blocks resident at once: automatically the prefetch a quarter of the
     // resident blocks ahead (fp32 8192^2 +1.7%, 32768 rows +2.3%, but 2048 rows -3.2%; 2-byte rows
-    // lose 1-3% with it: NOTES.md runs 36-37).
+    // lose 1-3% with it).
     int lprefetch = prefetch;
     if (k.prefetch == 0 && sizeof(T) == 4 && p->vec && lthreads > kRowBlockThreads) {
       const void* plain = RowBlockKernelPtr<T, W>(lvpt, lthreads, false);
@@ -1056,8 +1058,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     const bool pf = lprefetch > 0;
     // Rows of exactly threads x vpt accesses whose values fit as floats: the exact kernel (one exp
     // per element, no bounds checks), automatically for 2-byte types; exp_once = 1 asks for it on
-    // 4-byte rows too, -1 keeps the recomputing kernel. fp32 8192^2 in the probe: the recomputing
-    // kernel 0.1-0.3% faster than the exact one and Triton's compiled program (NOTES.md run 33).
+    // 4-byte rows too, -1 keeps the recomputing kernel. fp32 8192^2 in a standalone probe: the
+    // recomputing kernel 0.1-0.3% faster than the exact one and Triton's compiled program.
     const void* exact =
         p->vec && chunk == int64_t{lthreads} * lvpt ? RowExactKernelPtr<T, W>(lvpt, lthreads, pf) : nullptr;
     const bool exp_once = exact != nullptr && (k.exp_once > 0 || (k.exp_once == 0 && sizeof(T) == 2));
@@ -1153,7 +1155,7 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     }
     // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
     // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
-    // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218; NOTES.md run 23).
+    // 4065 GB/s, bf16 262144x128 3730 vs 3820, fp32 65536x1024 4196 vs 4218).
     const bool defaults = p.cs == kDefaultStreaming && p.fma && (sizeof(T) == 2 || p.tpr == 32);
     // KeepExp is allowed by MakePlan only where VPT x W <= 32.
     auto launch = [&](auto vpt, auto keep) {
@@ -1217,7 +1219,7 @@ size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelChoice& k) {
+size_t SoftmaxWorkspaceBytesWith(const KernelChoice& k, DType dt, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
   switch (dt) {
     case DType::kFloat32: return WorkspaceBytesT<float>(k, rows, cols);
@@ -1225,6 +1227,10 @@ size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols, const KernelC
     case DType::kBFloat16: return WorkspaceBytesT<__nv_bfloat16>(k, rows, cols);
   }
   return 0;
+}
+
+size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols) {
+  return SoftmaxWorkspaceBytesWith(KernelChoice{}, dt, rows, cols);
 }
 
 cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t rows,

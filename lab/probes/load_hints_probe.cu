@@ -38,6 +38,7 @@
 #include "bench/gpu/check_cuda.h"
 #include "bench/gpu/triton_softmax_program.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 
 namespace {
 

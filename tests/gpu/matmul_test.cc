@@ -14,7 +14,7 @@
 // implementations: cublaslt, wgmma (our TMA + wgmma kernel), mma (our mma.sync
 // kernel), ffma (our fp32 CUDA-core kernel); "tiled" = wgmma,mma,ffma. Runs of
 // the others are skipped, so e.g. racecheck can run our kernels without ever
-// launching a cuBLASLt kernel (which it cannot run: run 4), and wgmma apart
+// launching a cuBLASLt kernel (which it cannot run), and wgmma apart
 // from mma/ffma (a sanitizer failure in one cannot hide the other).
 // Without a GPU every test skips.
 #include <cuda_runtime.h>
@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/matmul_tuning.h"
 #include "tests/reference.h"
 
 namespace fusebox::cuda {
@@ -211,9 +212,9 @@ absl::Status RunOnGpu(const Problem& p, Impl impl, bool tf32, std::vector<uint8_
   EXPECT_EQ(cudaMemset(dout.get(misalign), 0xFF, p.m * p.n * es), cudaSuccess);  // poison
   absl::Status s;
   if (impl != Impl::kCublasLt) {
-    s = CudaStatus(LaunchMatmulReluTiled(args, nullptr,
-                                         impl == Impl::kTiled ? TiledKernel::kAuto
-                                                              : TiledKernel::kMmaSync),
+    s = CudaStatus(LaunchMatmulReluTiledWith(
+                       impl == Impl::kTiled ? TiledKernel::kAuto : TiledKernel::kMmaSync, args,
+                       nullptr),
                    "tiled");
   } else {
     s = lt->Run(args, nullptr);
@@ -412,7 +413,7 @@ TEST(MatmulCache, RunAfterPrepareNeverChoosesAgainWhenAnotherRunnerClearsTheCach
   const Problem p = MakeProblem(DType::kBFloat16, 96, 80, 64, true, 7);
   const DeviceProblem d(p);
   ASSERT_TRUE((*a)->Prepare(d.args, nullptr).ok());
-  const LtStats prepared = (*a)->stats();
+  const LtStats prepared = StatsOf(**a);
   EXPECT_EQ(prepared.cache_misses, 1);
   // 4100 other keys through runner b: at least one clear after a's key went in.
   constexpr int64_t kKeys = 4100, kN = 8, kK = 8;
@@ -428,17 +429,17 @@ TEST(MatmulCache, RunAfterPrepareNeverChoosesAgainWhenAnotherRunnerClearsTheCach
     args.out = dout.get();
     ASSERT_TRUE((*b)->Prepare(args, nullptr).ok()) << m;
   }
-  EXPECT_EQ((*b)->stats().cache_misses, kKeys);
+  EXPECT_EQ(StatsOf(**b).cache_misses, kKeys);
   ExpectRunMatches(**a, p, d, false);
-  const LtStats ran = (*a)->stats();
+  const LtStats ran = StatsOf(**a);
   EXPECT_EQ(ran.cache_misses, prepared.cache_misses);
   EXPECT_EQ(ran.heuristic_queries, prepared.heuristic_queries);
   EXPECT_EQ(ran.timed_selections, prepared.timed_selections);
 }
 
-// The default policy (two picks) on shapes where run 4 saw the 32 MiB and the
-// 1 MiB first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a
-// bf16 one where they agreed: the first Run of a key chooses (timing only if
+// The default policy (two picks) on shapes where the 32 MiB and the 1 MiB
+// first picks differ on the H200 (fp32 and tf32 64x4096x4096) and on a bf16
+// one where they agree: the first Run of a key chooses (timing only if
 // the picks differ) and is correct whichever pick won; later calls of the key,
 // from this runner or another sharing the cache, run no heuristic and no
 // timing; the choice is one of the two first picks, as first-pick runners with
@@ -449,14 +450,12 @@ TEST(MatmulAlgoChoice, TwoPicksChoosesOnceAndPicksOneOfThem) {
   auto cache = NewMatmulAlgoCache();
   auto lt = CublasLtMatmul::Create(cache);
   auto lt2 = CublasLtMatmul::Create(cache);
-  auto first_large = CublasLtMatmul::Create(NewMatmulAlgoCache(),
-                                            CublasLtMatmul::kLargeWorkspaceBytes,
+  auto first_large = CublasLtMatmul::Create(NewMatmulAlgoCache(), kLtLargeWorkspaceBytes,
                                             LtAlgoPolicy::kFirstPick);
-  auto first_small = CublasLtMatmul::Create(NewMatmulAlgoCache(),
-                                            CublasLtMatmul::kTorchWorkspaceBytes,
+  auto first_small = CublasLtMatmul::Create(NewMatmulAlgoCache(), kLtTorchWorkspaceBytes,
                                             LtAlgoPolicy::kFirstPick);
   ASSERT_TRUE(lt.ok() && lt2.ok() && first_large.ok() && first_small.ok());
-  ASSERT_EQ((*lt)->policy(), LtAlgoPolicy::kTwoPicks);
+  ASSERT_EQ(PolicyOf(**lt), LtAlgoPolicy::kTwoPicks);
   struct Case {
     DType dt;
     int64_t m, n, k;
@@ -472,27 +471,27 @@ TEST(MatmulAlgoChoice, TwoPicksChoosesOnceAndPicksOneOfThem) {
                                       << "x" << cs.n << "x" << cs.k);
       MatmulArgs args = d.args;
       args.allow_tf32 = tf32;
-      const LtStats s0 = (*lt)->stats();
+      const LtStats s0 = StatsOf(**lt);
       ExpectRunMatches(**lt, p, d, tf32);  // the miss: chooses, then launches
-      const LtStats s1 = (*lt)->stats();
+      const LtStats s1 = StatsOf(**lt);
       EXPECT_EQ(s1.cache_misses, s0.cache_misses + 1);
       EXPECT_GE(s1.heuristic_queries, s0.heuristic_queries + 1);
       EXPECT_LE(s1.heuristic_queries, s0.heuristic_queries + 2);
       ExpectRunMatches(**lt, p, d, tf32);  // the hit
-      auto info = (*lt)->AlgoInfo(args, nullptr);
+      auto info = AlgoInfoOf(**lt, args, nullptr);
       ASSERT_TRUE(info.ok()) << info.status();
-      const LtStats s2 = (*lt)->stats();
+      const LtStats s2 = StatsOf(**lt);
       EXPECT_EQ(s2.cache_misses, s1.cache_misses);
       EXPECT_EQ(s2.cache_hits, s1.cache_hits + 2);
       EXPECT_EQ(s2.heuristic_queries, s1.heuristic_queries);
       EXPECT_EQ(s2.timed_selections, s1.timed_selections);
       // Another worker's runner on the same cache: a hit on its first call.
       ASSERT_TRUE((*lt2)->Prepare(args, nullptr).ok());
-      EXPECT_EQ((*lt2)->stats().heuristic_queries, 0);
-      EXPECT_EQ((*lt2)->stats().timed_selections, 0);
+      EXPECT_EQ(StatsOf(**lt2).heuristic_queries, 0);
+      EXPECT_EQ(StatsOf(**lt2).timed_selections, 0);
 
-      auto large = (*first_large)->AlgoInfo(args, nullptr);
-      auto small = (*first_small)->AlgoInfo(args, nullptr);
+      auto large = AlgoInfoOf(**first_large, args, nullptr);
+      auto small = AlgoInfoOf(**first_small, args, nullptr);
       ASSERT_TRUE(large.ok() && small.ok());
       EXPECT_EQ(large->choice, LtAlgoChoice::kFirstPick);
       EXPECT_EQ(info->large_hash, large->hash);
@@ -549,18 +548,18 @@ TEST(MatmulAlgoChoice, AutotuneReplacesTwoPicksWhereItApplies) {
   args.a = a.get();
   args.b = b.get();
   args.out = out.get();
-  auto info = (*tuned)->AlgoInfo(args, nullptr);
+  auto info = AlgoInfoOf(**tuned, args, nullptr);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->choice, LtAlgoChoice::kAutotuned) << info->description;
   EXPECT_TRUE(info->timed);
-  EXPECT_EQ((*tuned)->stats().timed_selections, 1);
-  auto plain = (*first)->AlgoInfo(args, nullptr);  // same key but the policy: its own entry
+  EXPECT_EQ(StatsOf(**tuned).timed_selections, 1);
+  auto plain = AlgoInfoOf(**first, args, nullptr);  // same key but the policy: its own entry
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_EQ(plain->choice, LtAlgoChoice::kFirstPick);
-  EXPECT_EQ((*first)->stats().cache_misses, 1);
-  EXPECT_EQ((*first)->stats().timed_selections, 0);
+  EXPECT_EQ(StatsOf(**first).cache_misses, 1);
+  EXPECT_EQ(StatsOf(**first).timed_selections, 0);
   args.m = 64;  // 64x2048x2048: 0.5 GFLOP, below the autotune threshold
-  auto small = (*tuned)->AlgoInfo(args, nullptr);
+  auto small = AlgoInfoOf(**tuned, args, nullptr);
   ASSERT_TRUE(small.ok()) << small.status();
   EXPECT_NE(small->choice, LtAlgoChoice::kAutotuned) << small->description;
   EXPECT_NE(small->choice, LtAlgoChoice::kFirstPick) << small->description;

@@ -25,6 +25,7 @@
 
 #include "bench/gpu/memory_bound_variants.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning.h"
 #include "tests/gpu/test_util.h"
 #include "tests/reference.h"
 
@@ -175,7 +176,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     const std::vector<double> want = ref::Softmax(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
     // The workspace the choice asks for, full of garbage (the launcher must set what it relies on).
-    const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytes(dt, rows, cols, k) : 0;
+    const size_t ws_bytes = workspace ? cuda::SoftmaxWorkspaceBytesWith(k, dt, rows, cols) : 0;
     DeviceBuffer ws(ws_bytes);
     ASSERT_EQ(ws.status(), cudaSuccess);
     ASSERT_EQ(cudaMemset(ws.get(), 0x5A, ws_bytes), cudaSuccess);
@@ -380,7 +381,7 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
   }
   DeviceBuffer b(1 << 20);
   k.split_wait_us = 0;
-  const size_t need = cuda::SoftmaxWorkspaceBytes(dt, 2, 65536, k);
+  const size_t need = cuda::SoftmaxWorkspaceBytesWith(k, dt, 2, 65536);
   EXPECT_GT(need, 0u);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr, {b.get(), need - 1}),
             cudaErrorInvalidValue);
@@ -724,7 +725,7 @@ TEST_P(MemoryBound, RowSumExactShortRows) {
 }
 
 // The row sum's automatic kernel for each kind of row (host code only: runs without a GPU, so
-// CI checks the choices the H200 runs measured; NOTES.md runs 23-32).
+// CI checks that the choices measured fastest on the H200 stay the automatic ones).
 TEST(RowSumPlan, KernelForEachRowLength) {
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
   const void* misaligned = reinterpret_cast<const void*>(uintptr_t{258});
@@ -753,7 +754,7 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
-// The softmax's automatic short-row kernel (host code only, as above; NOTES.md run 33): the Exact
+// The softmax's automatic short-row kernel (host code only, as above): the Exact
 // form on rows of exactly lanes x accesses, 128-thread blocks below 32 lanes per row.
 TEST(SoftmaxPlan, ShortRowKernelForEachRowLength) {
   const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
