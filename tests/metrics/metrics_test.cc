@@ -389,7 +389,9 @@ TEST_F(MetricsTest, UnknownMethodAndOutOfRangeCodeStayBounded) {
   const auto s = Scrape();
   EXPECT_EQ(Value(s, "fusebox_calls_total", {{"method", "other"}, {"code", "UNKNOWN"}}), 2);
   for (const Sample& x : s) {
-    if (x.name == "fusebox_calls_total") EXPECT_NE(x.labels.at("method"), "NotAMethod");
+    if (x.name == "fusebox_calls_total") {
+      EXPECT_NE(x.labels.at("method"), "NotAMethod");
+    }
   }
 }
 

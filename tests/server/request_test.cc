@@ -245,7 +245,9 @@ TEST(Request, RowSumWhoseOutputOverflowsIsInvalidAndAnEmptyOneIsNot) {
     v1::Tensor out;
     auto p = PrepareRowSum(r, kLimits, &out);
     EXPECT_TRUE(p.ok()) << p.status();
-    if (p.ok()) EXPECT_EQ(p->call.rows, 0);
+    if (p.ok()) {
+      EXPECT_EQ(p->call.rows, 0);
+    }
   }
 }
 

@@ -571,7 +571,9 @@ TEST_F(ServiceTest, ASlowDownloadKeepsItsTensorFromExpiring) {
   while (d.reader->Read(&m)) {  // one each 25 ms: 1.6 s, 5 expiry periods
     ++messages;
     std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    if (messages == 48) EXPECT_EQ(List().tensors_size(), 1);  // in use 1.2 s in
+    if (messages == 48) {  // in use 1.2 s in
+      EXPECT_EQ(List().tensors_size(), 1);
+    }
   }
   ASSERT_TRUE(d.reader->Finish().ok());
   EXPECT_EQ(messages, 64);
