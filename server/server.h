@@ -26,7 +26,7 @@ struct ServerOptions {
   int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
   double shutdown_notice_seconds = 0;     // NOT_SERVING but still serving, at shutdown
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
-  std::string metrics_address;            // host:port for /metrics; empty = off
+  std::string metrics_address;            // host:port for /metrics (0 picks a port); empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
   // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
   // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.
@@ -48,6 +48,7 @@ class FuseboxServer {
   ~FuseboxServer();  // Shutdown(0) if still running
 
   int port() const;
+  int metrics_port() const;  // where /metrics is served; 0 without a metrics_address
   const Backend& backend() const;
   TensorStore& store();
   // Health NOT_SERVING (calls still served for notice_seconds), then refuse
