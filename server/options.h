@@ -20,7 +20,7 @@ struct ServerOptions {
   int64_t max_message_bytes = (int64_t{1} << 30) + (int64_t{1} << 20);  // in and out
   double shutdown_notice_seconds = 0;     // NOT_SERVING but still serving, at shutdown
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
-  std::string metrics_address;            // host:port for /metrics; empty = off
+  std::string metrics_address;            // host:port for /metrics (0 picks a port); empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
   // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
   // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.

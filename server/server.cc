@@ -101,6 +101,13 @@ int64_t ReadLimit(const std::string& path) {
   return static_cast<int64_t>(v);
 }
 
+// HOST:PORT (or a bare PORT) with the port replaced by `port`.
+std::string WithPort(const std::string& address, int port) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  return absl::StrCat(host.empty() ? "0.0.0.0" : host, ":", port);
+}
+
 StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
@@ -175,6 +182,7 @@ FuseboxServer::FuseboxServer(std::unique_ptr<State> state) : s_(std::move(state)
 FuseboxServer::~FuseboxServer() { Shutdown(0); }
 
 int FuseboxServer::port() const { return s_->port; }
+int FuseboxServer::metrics_port() const { return s_->metrics ? s_->metrics->port() : 0; }
 const Backend& FuseboxServer::backend() const { return *s_->backend; }
 TensorStore& FuseboxServer::store() { return *s_->store; }
 
@@ -213,7 +221,8 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       const StoreStats st = store->stats();
       return ResidentTensors{st.count, st.bytes};
     });
-    Log("metrics on http://%s/metrics", o.metrics_address.c_str());
+    Log("metrics on http://%s/metrics",
+        WithPort(o.metrics_address, s->metrics->port()).c_str());
   }
 
   RequestLimits request_limits;
@@ -315,11 +324,15 @@ absl::Status RunServer(const ServerOptions& o) {
   if (!server.ok()) return server.status();
   // HOST:PORT with the port chosen; a socket address as given.
   const std::string where =
-      IsSocketAddress(o.address)
-          ? o.address
-          : absl::StrCat(o.address.substr(0, o.address.rfind(':')), ":", (*server)->port());
-  std::printf("fusebox-server listening on %s backend=%s device=\"%s\"\n", where.c_str(),
-              (*server)->backend().name().c_str(), (*server)->backend().device().c_str());
+      IsSocketAddress(o.address) ? o.address : WithPort(o.address, (*server)->port());
+  // /metrics' address last: scripts read "listening on HOST:PORT" from the front.
+  const std::string metrics =
+      o.metrics_address.empty()
+          ? ""
+          : absl::StrCat(" metrics=", WithPort(o.metrics_address, (*server)->metrics_port()));
+  std::printf("fusebox-server listening on %s backend=%s device=\"%s\"%s\n", where.c_str(),
+              (*server)->backend().name().c_str(), (*server)->backend().device().c_str(),
+              metrics.c_str());
   std::fflush(stdout);
 
   while (sem_wait(&g_shutdown_sem) != 0) {

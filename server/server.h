@@ -23,6 +23,7 @@ class FuseboxServer {
   ~FuseboxServer();  // Shutdown(0) if still running
 
   int port() const;
+  int metrics_port() const;  // where /metrics is served; 0 without a metrics_address
   const Backend& backend() const;
   TensorStore& store();
   // Health NOT_SERVING (calls still served for notice_seconds), then refuse

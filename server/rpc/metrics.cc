@@ -1,6 +1,7 @@
-// The Prometheus exporter behind server/rpc/metrics.h. prometheus-cpp's Exposer
-// serves /metrics and its serializer writes the text; the numbers come from
-// two Collectables of ours, both built once at start-up:
+// The Prometheus exporter behind server/rpc/metrics.h. MetricsHttpServer
+// (metrics_http.h) serves /metrics and prometheus-cpp's serializer writes the
+// text; the numbers come from two Collectables of ours, both built once at
+// start-up:
 //
 //  - CallStats: what RecordCall / CallStarted / CallFinished count. Every
 //    label combination (op x dtype x phase, method x code) is a fixed slot in
@@ -35,12 +36,10 @@
 //   fusebox_resident_tensors             gauge {device}  tensors the store holds by handle, from
 //   fusebox_resident_tensor_bytes        gauge {device}  SetResidentTensorsSource; 0 without one
 // `method` is every RPC of fusebox.v1.KernelService (from the descriptor) plus
-// "other"; `code` the 17 canonical gRPC code names. prometheus-cpp adds its
-// own exposer_* families (scrape count and latency) to the same page.
+// "other"; `code` the 17 canonical gRPC code names.
 #include "server/rpc/metrics.h"
 
 #include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 
 #include <array>
@@ -48,7 +47,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <mutex>
 #include <utility>
@@ -56,6 +54,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "fusebox/v1/kernel_service.pb.h"
+#include "server/rpc/metrics_http.h"
 
 #ifndef FUSEBOX_VERSION
 #define FUSEBOX_VERSION "unknown"
@@ -368,15 +367,12 @@ class BackendCollector final : public prometheus::Collectable {
 
 class PrometheusMetrics final : public Metrics {
  public:
-  PrometheusMetrics(const Backend* backend, std::unique_ptr<prometheus::Exposer> exposer)
-      : calls_(std::make_shared<CallStats>(backend->name(), DeviceLabel(backend->device()),
-                                           backend->device())),
-        backend_gauges_(
-            std::make_shared<BackendCollector>(backend, DeviceLabel(backend->device()))),
-        exposer_(std::move(exposer)) {
-    exposer_->RegisterCollectable(calls_);
-    exposer_->RegisterCollectable(backend_gauges_);
-  }
+  PrometheusMetrics(std::shared_ptr<CallStats> calls,
+                    std::shared_ptr<BackendCollector> backend_gauges,
+                    std::unique_ptr<MetricsHttpServer> http)
+      : calls_(std::move(calls)),
+        backend_gauges_(std::move(backend_gauges)),
+        http_(std::move(http)) {}
 
   void RecordCall(const CallRecord& record) override { calls_->Record(record); }
   void CallStarted() override { calls_->AddInFlight(1); }
@@ -386,16 +382,12 @@ class PrometheusMetrics final : public Metrics {
     backend_gauges_->SetResidentTensorsSource(std::move(source));
   }
 
-  int port() const override {
-    const std::vector<int> ports = exposer_->GetListeningPorts();
-    return ports.empty() ? 0 : ports.front();
-  }
+  int port() const override { return http_->port(); }
 
  private:
-  // Declared before exposer_, so destroyed after it: no scrape sees them die.
   const std::shared_ptr<CallStats> calls_;
   const std::shared_ptr<BackendCollector> backend_gauges_;
-  const std::unique_ptr<prometheus::Exposer> exposer_;
+  const std::unique_ptr<MetricsHttpServer> http_;  // holds the collectors too
 };
 
 }  // namespace
@@ -403,17 +395,17 @@ class PrometheusMetrics final : public Metrics {
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& address,
                                                         const Backend* backend) {
   if (backend == nullptr) return absl::InvalidArgumentError("Metrics::Start: no backend");
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    // Eight HTTP threads, so that a scrape does not wait behind another one or behind a few
-    // clients stalled mid-request; a request that sends nothing for 10 s is dropped.
-    exposer = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "10000"});
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_address: cannot serve /metrics on ", address, ": ", e.what()));
+  const std::string device = DeviceLabel(backend->device());
+  auto calls = std::make_shared<CallStats>(backend->name(), device, backend->device());
+  auto backend_gauges = std::make_shared<BackendCollector>(backend, device);
+  auto http = MetricsHttpServer::Start(address, {calls, backend_gauges});
+  if (!http.ok()) {
+    return absl::Status(http.status().code(),
+                        absl::StrCat("--metrics_address: cannot serve /metrics on ",
+                                     http.status().message()));
   }
-  return std::unique_ptr<Metrics>(new PrometheusMetrics(backend, std::move(exposer)));
+  return std::unique_ptr<Metrics>(
+      new PrometheusMetrics(std::move(calls), std::move(backend_gauges), *std::move(http)));
 }
 
 }  // namespace fusebox

@@ -36,7 +36,8 @@ struct ResidentTensors {
 
 class Metrics {
  public:
-  // Serves /metrics on `address` (host:port). `backend` must outlive this.
+  // Serves /metrics on `address` (HOST:PORT or [V6]:PORT; port 0 picks a free one, see
+  // port()) with MetricsHttpServer. `backend` must outlive this.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& address,
                                                         const Backend* backend);
   virtual ~Metrics() = default;

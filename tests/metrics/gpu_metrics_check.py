@@ -1,5 +1,5 @@
-"""/metrics with the CUDA backend loaded (PLATFORM.md's trap): cuBLASLt's TLS
-must not break prometheus-cpp's Exposer, and the GPU gauges must be real.
+"""/metrics with the CUDA backend loaded: cuBLASLt's static TLS must not break
+the /metrics server's thread, and the GPU gauges must be real.
 
 Starts `fusebox-server --backend=cuda --metrics_address=127.0.0.1:<free>`,
 makes a known number of calls per op, scrapes /metrics and checks: the page
