@@ -31,6 +31,7 @@
 #include "server/log.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
+#include "server/tls.h"
 
 namespace fusebox {
 
@@ -168,6 +169,7 @@ struct FuseboxServer::State {
   std::condition_variable cv;
   bool stopping = false;
   std::once_flag shutdown_once;
+  std::unique_ptr<TlsFileWatch> tls_watch;  // with TLS on
 };
 
 FuseboxServer::FuseboxServer(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -190,6 +192,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
     Log("auth: %zu tenants from %s", s->auth.tenants(), o.token_file.c_str());
   } else {
     Log("auth: OPEN - no --token_file, every caller is tenant 'anonymous'");
+  }
+  if (TlsEnabled(o)) {
+    auto tls = ReadTlsFiles(o);
+    if (!tls.ok()) return tls.status();
+    Log("tls: %s; the files are read again every %d s", tls->description.c_str(),
+        o.tls_reload_seconds);
+    if (!tls->warning.empty()) Log("tls: WARNING: %s", tls->warning.c_str());
+  } else if (!o.token_file.empty()) {
+    // Loud, at every start: a token that crosses a network in cleartext is as good as published.
+    Log("WARNING: --token_file without TLS: bearer tokens and tensors cross the network in "
+        "CLEARTEXT; anyone on the path can read a token and act as its tenant.");
+    Log("WARNING: serve TLS (--tls_cert and --tls_key, --tls_client_ca for mTLS), or listen "
+        "only on loopback or a unix socket.");
+  } else {
+    Log("tls: off (plaintext; --tls_cert and --tls_key turn it on)");
   }
 
   auto backend = CreateBackend(o.backend);
@@ -214,6 +231,11 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       return ResidentTensors{st.count, st.bytes};
     });
     Log("metrics on http://%s/metrics", o.metrics_address.c_str());
+    if (TlsEnabled(o)) {
+      Log("metrics: plain HTTP, TLS is on the gRPC port only: keep %s inside the cluster "
+          "(a NetworkPolicy), or put a TLS proxy in front of it",
+          o.metrics_address.c_str());
+    }
   }
 
   RequestLimits request_limits;
@@ -236,7 +258,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &s->port);
+  builder.AddListeningPort(o.address, MakeServerCredentials(o), &s->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   // Under the quota's pressure gRPC refuses streams (RESOURCE_EXHAUSTED) instead of buffering
@@ -257,6 +279,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.address));
   }
   s->server->GetHealthCheckService()->SetServingStatus(true);
+  if (TlsEnabled(o)) s->tls_watch = std::make_unique<TlsFileWatch>(o);
 
   // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s).
   double limit_seconds = 0;
@@ -318,8 +341,9 @@ absl::Status RunServer(const ServerOptions& o) {
       IsSocketAddress(o.address)
           ? o.address
           : absl::StrCat(o.address.substr(0, o.address.rfind(':')), ":", (*server)->port());
-  std::printf("fusebox-server listening on %s backend=%s device=\"%s\"\n", where.c_str(),
-              (*server)->backend().name().c_str(), (*server)->backend().device().c_str());
+  const char* tls = !TlsEnabled(o) ? "off" : o.tls_client_ca_file.empty() ? "on" : "mtls";
+  std::printf("fusebox-server listening on %s backend=%s device=\"%s\" tls=%s\n", where.c_str(),
+              (*server)->backend().name().c_str(), (*server)->backend().device().c_str(), tls);
   std::fflush(stdout);
 
   while (sem_wait(&g_shutdown_sem) != 0) {
