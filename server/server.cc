@@ -53,7 +53,33 @@ void OnShutdownSignal(int sig) {
 // supervisor (Kubernetes, systemd) to restart the server.
 constexpr int kListenerFailed = -1;  // in g_shutdown_signal
 
+// gRPC logs each failed TLS handshake (plaintext on the TLS port, a client trusting another CA,
+// a port scan): a line per connection, which anyone who can connect could use to fill the log.
+// One a second is kept; the next one kept says how many were left out.
+bool KeepHandshakeLine(int64_t* left_out) {
+  static std::atomic<int64_t> next_ms{0};
+  static std::atomic<int64_t> skipped{0};
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  int64_t next = next_ms.load();
+  if (now_ms < next || !next_ms.compare_exchange_strong(next, now_ms + 1000)) {
+    skipped.fetch_add(1);
+    return false;
+  }
+  *left_out = skipped.exchange(0);
+  return true;
+}
+
 void OnGrpcLog(gpr_log_func_args* args) {
+  if (std::strstr(args->message, "Handshake failed") != nullptr) {
+    int64_t left_out = 0;
+    if (!KeepHandshakeLine(&left_out)) return;
+    if (left_out > 0) {
+      Log("grpc: %lld more failed TLS handshakes since the last one logged",
+          static_cast<long long>(left_out));
+    }
+  }
   const char* severity = args->severity == GPR_LOG_SEVERITY_ERROR  ? "E"
                          : args->severity == GPR_LOG_SEVERITY_INFO ? "I"
                                                                    : "D";

@@ -11,6 +11,7 @@ by default they are looked up under build/).
 import os
 import re
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -332,6 +333,33 @@ def test_a_file_gone_missing_keeps_the_pair_last_read(pki, start, tmp_path):
         s.log()
     time.sleep(2 * RELOAD_S)  # gRPC has tried to read it by now
     assert connects(s.address, root_certificates=pki["ca1"].cert), s.log()
+
+
+def test_failed_handshakes_are_logged_at_most_once_a_second(pki, start):
+    """gRPC logs a line per failed handshake: a flood of plaintext connections must not fill
+    the log."""
+    s = start(*tls_flags(pki["server1"]))
+
+    def plaintext_connection():
+        with socket.create_connection(("127.0.0.1", int(s.address.rsplit(":", 1)[1]))) as c:
+            c.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            c.settimeout(5)
+            try:
+                c.recv(100)  # the server closes it
+            except OSError:
+                pass
+
+    begin = time.monotonic()
+    for _ in range(50):
+        plaintext_connection()
+    time.sleep(1.1)
+    plaintext_connection()  # logged, with the count of those left out
+    seconds = time.monotonic() - begin
+    assert eventually(lambda: "more failed TLS handshakes since the last one logged" in s.log())
+    lines = s.log().count("Handshake failed")
+    assert 2 <= lines <= seconds + 2, (lines, seconds, s.log())
+    with Client(s.address, root_certificates=pki["ca1"].cert) as c:
+        gelu_ok(c)
 
 
 # --- start-up ---------------------------------------------------------------------------------
