@@ -101,7 +101,9 @@ int Fail(const absl::Status& st) {
 int main(int argc, char** argv) {
   std::string server = std::getenv("FUSEBOX_SERVER") ? std::getenv("FUSEBOX_SERVER") : "localhost:50051";
   std::string token = std::getenv("FUSEBOX_TOKEN") ? std::getenv("FUSEBOX_TOKEN") : "";
-  auto env = [](const char* name) { return std::string(std::getenv(name) ? std::getenv(name) : ""); };
+  auto env = [](const char* name) {
+    return std::string(std::getenv(name) != nullptr ? std::getenv(name) : "");
+  };
   std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
               tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
   std::string output, dtype_name, impl_name = "default";

@@ -268,7 +268,8 @@ def connects(address, **tls) -> bool:
 def test_new_server_certificate_is_picked_up_by_new_connections(pki, start, tmp_path):
     live = tmp_path / "tls"
     swap_in(live, {"tls.crt": pki["server1"].cert, "tls.key": pki["server1"].key})
-    s = start(f"--tls_cert={live}/tls.crt", f"--tls_key={live}/tls.key", f"--tls_reload_s={RELOAD_S}")
+    s = start(f"--tls_cert={live}/tls.crt", f"--tls_key={live}/tls.key",
+              f"--tls_reload_s={RELOAD_S}")
     old = Client(s.address, root_certificates=pki["ca1"].cert)
     gelu_ok(old)
 

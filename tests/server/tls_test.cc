@@ -133,13 +133,15 @@ TEST_F(TlsFiles, WhatIsNotPemIsRefused) {
   const std::string junk = Write("junk.pem", "not a certificate\n");
   ServerOptions o = Tls();
   o.tls_cert_file = junk;
-  EXPECT_NE(Message(ReadTlsFiles(o).status()).find("--tls_cert=" + junk + ": not a PEM certificate"),
-            std::string::npos)
+  EXPECT_NE(
+      Message(ReadTlsFiles(o).status()).find("--tls_cert=" + junk + ": not a PEM certificate"),
+      std::string::npos)
       << ReadTlsFiles(o).status();
   o = Tls();
   o.tls_key_file = junk;
-  EXPECT_NE(Message(ReadTlsFiles(o).status()).find("--tls_key=" + junk + ": not a PEM private key"),
-            std::string::npos)
+  EXPECT_NE(
+      Message(ReadTlsFiles(o).status()).find("--tls_key=" + junk + ": not a PEM private key"),
+      std::string::npos)
       << ReadTlsFiles(o).status();
   o = Tls();
   o.tls_client_ca_file = junk;
@@ -160,8 +162,8 @@ TEST_F(TlsFiles, WhatIsNotPemIsRefused) {
 
 TEST_F(TlsFiles, AnEncryptedKeyIsRefusedWithoutAPrompt) {
   const std::string encrypted = dir_.path() + "/encrypted.key";
-  const std::string cmd = "openssl pkey -in '" + server_.key + "' -aes256 -passout pass:secret -out '" +
-                          encrypted + "' 2>/dev/null";
+  const std::string cmd = "openssl pkey -in '" + server_.key +
+                          "' -aes256 -passout pass:secret -out '" + encrypted + "' 2>/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   ServerOptions o = Tls();
   o.tls_key_file = encrypted;
