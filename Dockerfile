@@ -8,7 +8,7 @@ ARG CUDA_VERSION=13.0.0
 FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake file libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
-      protobuf-compiler prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
+      protobuf-compiler libssl-dev prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

@@ -6,7 +6,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config file
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev libbenchmark-dev
+  libssl-dev openssl prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev libbenchmark-dev
   python3 python3-pip python3-grpcio python3-h2 python3-numpy python3-protobuf python3-pytest
   prometheus
 )

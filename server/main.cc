@@ -48,10 +48,25 @@ ABSL_FLAG(double, shutdown_notice_s, kDefaults.shutdown_notice_seconds,
 ABSL_FLAG(double, drain_seconds, kDefaults.drain_seconds,
           "on SIGTERM/SIGINT: seconds in-flight calls get to finish");
 ABSL_FLAG(std::string, metrics_address, "",
-          "host:port to serve Prometheus /metrics on; empty = off");
+          "host:port to serve Prometheus /metrics on; empty = off. Plain HTTP, with TLS on "
+          "too (it carries no tokens or tensors): keep it inside the cluster (a "
+          "NetworkPolicy) or put a TLS proxy in front");
 ABSL_FLAG(std::string, token_file, "",
           "file of `token tenant` lines; callers send `authorization: Bearer <token>`. "
-          "Empty = open server, every caller is tenant 'anonymous'");
+          "Empty = open server, every caller is tenant 'anonymous'. Without TLS the tokens "
+          "cross the network in cleartext (the server warns at start-up)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate (chain) the gRPC port serves TLS with, with --tls_key; empty = "
+          "plaintext. Read again every --tls_reload_s: new connections get the new files, open "
+          "ones keep theirs. Replace the files at once (a directory swapped by rename or "
+          "symlink, as Kubernetes Secret volumes do): a key and certificate that do not match "
+          "fail new handshakes until they do");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificate(s): with it every client must present a certificate that one of "
+          "them signed (mTLS; needs --tls_cert); reloaded like --tls_cert");
+ABSL_FLAG(int, tls_reload_s, kDefaults.tls_reload_seconds,
+          "seconds between reads of the TLS files (1..86400)");
 ABSL_FLAG(int64_t, store_budget_mib, 0,
           "memory for tensors held by handle, all tenants; 0 = 90% of free GPU memory "
           "(CPU backend: half the RAM, or of the container's memory limit if less)");
@@ -93,7 +108,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "GeLU, softmax, row sum and matmul+ReLU as a gRPC service "
       "(fusebox.v1.KernelService), on a GPU when one is usable, else on the CPU.\n"
-      "Usage: fusebox-server [--address=0.0.0.0:50051] [--backend=auto] [flags]");
+      "Usage: fusebox-server [--address=0.0.0.0:50051] [--backend=auto] "
+      "[--tls_cert=CRT --tls_key=KEY [--tls_client_ca=CA]] [flags]");
   absl::ParseCommandLine(argc, argv);
 
   fusebox::ServerOptions o;
@@ -118,6 +134,10 @@ int main(int argc, char** argv) {
   o.shutdown_notice_seconds = absl::GetFlag(FLAGS_shutdown_notice_s);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o.tls_reload_seconds = absl::GetFlag(FLAGS_tls_reload_s);
   o.store_budget_bytes = bytes(absl::GetFlag(FLAGS_store_budget_mib));
   o.tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_tenant_quota_mib));
   o.max_tensor_bytes = bytes(absl::GetFlag(FLAGS_max_tensor_mib));

@@ -1,10 +1,13 @@
 // CheckOptions (see options.h): every flag's range, in one place.
 #include "server/options.h"
 
+#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -46,6 +49,41 @@ absl::Status CheckListenAddress(const std::string& address) {
 }
 
 constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
+
+// The TLS files: given in pairs that make sense, and readable now (their contents are
+// server/tls.cc's to check). A file that cannot be read would otherwise show only as
+// handshakes failing, with gRPC's log the only sign.
+absl::Status CheckTlsFiles(const ServerOptions& o) {
+  const bool cert = !o.tls_cert_file.empty(), key = !o.tls_key_file.empty();
+  if (cert != key) {
+    return absl::InvalidArgumentError(
+        "--tls_cert and --tls_key come together: both (TLS) or neither (plaintext)");
+  }
+  if (!o.tls_client_ca_file.empty() && !cert) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca (mTLS) needs --tls_cert and --tls_key: client certificates are "
+        "asked for only inside TLS");
+  }
+  if (o.tls_reload_seconds < 1 || o.tls_reload_seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_reload_s must be in 1..86400, not ", o.tls_reload_seconds));
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"--tls_cert", &o.tls_cert_file},
+      {"--tls_key", &o.tls_key_file},
+      {"--tls_client_ca", &o.tls_client_ca_file}};
+  for (const auto& [flag, path] : files) {
+    if (path->empty()) continue;
+    errno = 0;
+    std::ifstream f(*path, std::ios::binary);
+    char c;
+    if (f && f.get(c)) continue;
+    const int err = errno;  // open's, or read's (a directory: EISDIR)
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, "=", *path, ": ", err != 0 ? std::strerror(err) : "empty", " (a PEM file)"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -101,7 +139,7 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (o.malloc_retain_bytes < 0) {
     return bad(absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib));
   }
-  return absl::OkStatus();
+  return CheckTlsFiles(o);
 }
 
 }  // namespace fusebox

@@ -22,6 +22,12 @@ struct ServerOptions {
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
   std::string metrics_address;            // host:port for /metrics (0 picks a port); empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
+  // TLS on the gRPC port, from PEM files: a certificate (chain) and its key, both or neither
+  // (neither = plaintext). With a client CA every client must present a certificate that CA
+  // signed (mTLS). gRPC reads the files again every tls_reload_seconds: new connections get
+  // what they hold then, connections already open keep theirs.
+  std::string tls_cert_file, tls_key_file, tls_client_ca_file;
+  int tls_reload_seconds = 60;
   // Tensor store; a budget of 0 = automatic (90% of free GPU memory at start,
   // half of HostMemoryBytes() on the CPU backend); a quota of 0 = the budget.
   int64_t store_budget_bytes = 0;
@@ -42,6 +48,9 @@ struct ServerOptions {
 // FuseboxServer::Start both ask): INVALID_ARGUMENT naming the flag and its range.
 // Byte sizes given in MiB that overflow int64 arrive here as -1.
 absl::Status CheckOptions(const ServerOptions& o);
+
+// Whether the gRPC port speaks TLS.
+inline bool TlsEnabled(const ServerOptions& o) { return !o.tls_cert_file.empty(); }
 
 // Whether --address names a socket (unix:, unix-abstract:, vsock:) rather than HOST:PORT.
 bool IsSocketAddress(const std::string& address);

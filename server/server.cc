@@ -31,6 +31,7 @@
 #include "server/log.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
+#include "server/tls.h"
 
 namespace fusebox {
 
@@ -52,7 +53,33 @@ void OnShutdownSignal(int sig) {
 // supervisor (Kubernetes, systemd) to restart the server.
 constexpr int kListenerFailed = -1;  // in g_shutdown_signal
 
+// gRPC logs each failed TLS handshake (plaintext on the TLS port, a client trusting another CA,
+// a port scan): a line per connection, which anyone who can connect could use to fill the log.
+// One a second is kept; the next one kept says how many were left out.
+bool KeepHandshakeLine(int64_t* left_out) {
+  static std::atomic<int64_t> next_ms{0};
+  static std::atomic<int64_t> skipped{0};
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  int64_t next = next_ms.load();
+  if (now_ms < next || !next_ms.compare_exchange_strong(next, now_ms + 1000)) {
+    skipped.fetch_add(1);
+    return false;
+  }
+  *left_out = skipped.exchange(0);
+  return true;
+}
+
 void OnGrpcLog(gpr_log_func_args* args) {
+  if (std::strstr(args->message, "Handshake failed") != nullptr) {
+    int64_t left_out = 0;
+    if (!KeepHandshakeLine(&left_out)) return;
+    if (left_out > 0) {
+      Log("grpc: %lld more failed TLS handshakes since the last one logged",
+          static_cast<long long>(left_out));
+    }
+  }
   const char* severity = args->severity == GPR_LOG_SEVERITY_ERROR  ? "E"
                          : args->severity == GPR_LOG_SEVERITY_INFO ? "I"
                                                                    : "D";
@@ -175,6 +202,7 @@ struct FuseboxServer::State {
   std::condition_variable cv;
   bool stopping = false;
   std::once_flag shutdown_once;
+  std::unique_ptr<TlsFileWatch> tls_watch;  // with TLS on
 };
 
 FuseboxServer::FuseboxServer(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -199,6 +227,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   } else {
     Log("auth: OPEN - no --token_file, every caller is tenant 'anonymous'");
   }
+  if (TlsEnabled(o)) {
+    auto tls = ReadTlsFiles(o);
+    if (!tls.ok()) return tls.status();
+    Log("tls: %s; the files are read again every %d s", tls->description.c_str(),
+        o.tls_reload_seconds);
+    if (!tls->warning.empty()) Log("tls: WARNING: %s", tls->warning.c_str());
+  } else if (!o.token_file.empty()) {
+    // Loud, at every start: a token that crosses a network in cleartext is as good as published.
+    Log("WARNING: --token_file without TLS: bearer tokens and tensors cross the network in "
+        "CLEARTEXT; anyone on the path can read a token and act as its tenant.");
+    Log("WARNING: serve TLS (--tls_cert and --tls_key, --tls_client_ca for mTLS), or listen "
+        "only on loopback or a unix socket.");
+  } else {
+    Log("tls: off (plaintext; --tls_cert and --tls_key turn it on)");
+  }
 
   auto backend = CreateBackend(o.backend);
   if (!backend.ok()) return backend.status();
@@ -221,8 +264,13 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       const StoreStats st = store->stats();
       return ResidentTensors{st.count, st.bytes};
     });
-    Log("metrics on http://%s/metrics",
-        WithPort(o.metrics_address, s->metrics->port()).c_str());
+    const std::string metrics_at = WithPort(o.metrics_address, s->metrics->port());
+    Log("metrics on http://%s/metrics", metrics_at.c_str());
+    if (TlsEnabled(o)) {
+      Log("metrics: plain HTTP, TLS is on the gRPC port only: keep %s inside the cluster "
+          "(a NetworkPolicy), or put a TLS proxy in front of it",
+          metrics_at.c_str());
+    }
   }
 
   RequestLimits request_limits;
@@ -245,7 +293,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.address, grpc::InsecureServerCredentials(), &s->port);
+  builder.AddListeningPort(o.address, MakeServerCredentials(o), &s->port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   // Under the quota's pressure gRPC refuses streams (RESOURCE_EXHAUSTED) instead of buffering
@@ -266,6 +314,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.address));
   }
   s->server->GetHealthCheckService()->SetServingStatus(true);
+  if (TlsEnabled(o)) s->tls_watch = std::make_unique<TlsFileWatch>(o);
 
   // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s).
   double limit_seconds = 0;
@@ -325,14 +374,15 @@ absl::Status RunServer(const ServerOptions& o) {
   // HOST:PORT with the port chosen; a socket address as given.
   const std::string where =
       IsSocketAddress(o.address) ? o.address : WithPort(o.address, (*server)->port());
+  const char* tls = !TlsEnabled(o) ? "off" : o.tls_client_ca_file.empty() ? "on" : "mtls";
   // /metrics' address last: scripts read "listening on HOST:PORT" from the front.
   const std::string metrics =
       o.metrics_address.empty()
           ? ""
           : absl::StrCat(" metrics=", WithPort(o.metrics_address, (*server)->metrics_port()));
-  std::printf("fusebox-server listening on %s backend=%s device=\"%s\"%s\n", where.c_str(),
-              (*server)->backend().name().c_str(), (*server)->backend().device().c_str(),
-              metrics.c_str());
+  std::printf("fusebox-server listening on %s backend=%s device=\"%s\" tls=%s%s\n",
+              where.c_str(), (*server)->backend().name().c_str(),
+              (*server)->backend().device().c_str(), tls, metrics.c_str());
   std::fflush(stdout);
 
   while (sem_wait(&g_shutdown_sem) != 0) {

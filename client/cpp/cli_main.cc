@@ -42,6 +42,14 @@ ops:
 options:
   --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051)
   --token T           bearer token for a server with a token file (default: $FUSEBOX_TOKEN)
+  --tls               speak TLS, trusting the system's CA certificates (implied by
+                      any of the three below)
+  --tls_ca PATH       PEM CA certificate(s) to trust for the server's certificate
+                      (default: $FUSEBOX_TLS_CA)
+  --tls_cert PATH     mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)
+  --tls_key PATH      mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)
+  --tls_server_name N the name the server's certificate must carry, when it is not the
+                      host in --server (an address, a tunnel)
   -o, --output PATH   where to write the result (.npy)
   --dtype D           dtype to compute in: float32 | float16 | bfloat16
                       (default: the input file's dtype). Inputs are converted on
@@ -55,8 +63,8 @@ options:
   --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
   -q, --quiet         do not print the timing
   -h, --help          this text
-  The on/off options --allow_tf32, --keep, --bf16_bits and --quiet also take =true
-  or =false (=1 / =0).
+  The on/off options --tls, --allow_tf32, --keep, --bf16_bits and --quiet also take
+  =true or =false (=1 / =0). An option given empty (--tls_ca=) overrides its variable.
 
 .npy conventions (NumPy has no bfloat16):
   '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),
@@ -93,12 +101,18 @@ int Fail(const absl::Status& st) {
 int main(int argc, char** argv) {
   std::string server = std::getenv("FUSEBOX_SERVER") ? std::getenv("FUSEBOX_SERVER") : "localhost:50051";
   std::string token = std::getenv("FUSEBOX_TOKEN") ? std::getenv("FUSEBOX_TOKEN") : "";
+  auto env = [](const char* name) {
+    return std::string(std::getenv(name) != nullptr ? std::getenv(name) : "");
+  };
+  std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
+              tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
   std::string output, dtype_name, impl_name = "default";
-  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false;
+  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false;
   long chunk_mib = 4;
   long timeout_ms = 60000;
   std::vector<std::string> positional;
-  const std::map<std::string, bool*> on_off = {{"--keep", &keep},
+  const std::map<std::string, bool*> on_off = {{"--tls", &tls},
+                                               {"--keep", &keep},
                                                {"--allow_tf32", &allow_tf32},
                                                {"--bf16_bits", &bf16_bits},
                                                {"-q", &quiet},
@@ -124,6 +138,14 @@ int main(int argc, char** argv) {
       if (!need_value(&server)) return Usage("--server needs HOST:PORT");
     } else if (arg == "--token") {
       if (!need_value(&token)) return Usage("--token needs a value");
+    } else if (arg == "--tls_ca") {
+      if (!need_value(&tls_ca)) return Usage("--tls_ca needs a PEM file");
+    } else if (arg == "--tls_cert") {
+      if (!need_value(&tls_cert)) return Usage("--tls_cert needs a PEM file");
+    } else if (arg == "--tls_key") {
+      if (!need_value(&tls_key)) return Usage("--tls_key needs a PEM file");
+    } else if (arg == "--tls_server_name") {
+      if (!need_value(&tls_server_name)) return Usage("--tls_server_name needs a name");
     } else if (arg == "-o" || arg == "--output") {
       if (!need_value(&output)) return Usage(arg + " needs a path");
     } else if (arg == "--dtype") {
@@ -178,6 +200,14 @@ int main(int argc, char** argv) {
 
   fc::Client::Options copts;
   copts.auth_token = token;
+  if (tls_cert.empty() != tls_key.empty()) {
+    return Usage("--tls_cert and --tls_key come together (mTLS), or neither");
+  }
+  if (tls || !tls_ca.empty() || !tls_cert.empty() || !tls_server_name.empty()) {
+    absl::Status st = fc::LoadTlsFiles(tls_ca, tls_cert, tls_key, &copts.tls);
+    if (!st.ok()) return Fail(st);
+    copts.tls.server_name = tls_server_name;
+  }
   auto client = fc::Client::Create(server, copts);
 
   if (op == "health") {

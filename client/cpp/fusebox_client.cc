@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <fstream>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 
 #include <grpcpp/client_context.h>
@@ -406,6 +409,29 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, Options options)
       kernel_stub_(v1::KernelService::NewStub(channel_)),
       options_(options) {}
 
+absl::Status LoadTlsFiles(const std::string& ca_file, const std::string& cert_file,
+                          const std::string& key_file, TlsOptions* tls) {
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate and its key come together (both for mTLS, or neither)");
+  }
+  const std::pair<const std::string*, std::string*> files[] = {
+      {&ca_file, &tls->root_certs}, {&cert_file, &tls->cert_chain}, {&key_file, &tls->private_key}};
+  for (const auto& [path, pem] : files) {
+    if (path->empty()) continue;
+    errno = 0;
+    std::ifstream f(*path, std::ios::binary);
+    std::ostringstream text;
+    if (!(f && text << f.rdbuf())) {
+      const int err = errno != 0 ? errno : EIO;
+      return absl::ErrnoToStatus(err, *path);
+    }
+    *pem = text.str();
+  }
+  tls->enabled = true;
+  return absl::OkStatus();
+}
+
 std::unique_ptr<Client> Client::Create(const std::string& target, Options options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -413,7 +439,18 @@ std::unique_ptr<Client> Client::Create(const std::string& target, Options option
   // No transparent retries: they would hold (and may copy) large payloads.
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   for (const auto& [key, value] : options.channel_args) args.SetInt(key, value);
-  auto channel = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls.on()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls.root_certs;
+    ssl.pem_cert_chain = options.tls.cert_chain;
+    ssl.pem_private_key = options.tls.private_key;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls.server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls.server_name);
+    }
+  }
+  auto channel = grpc::CreateCustomChannel(target, credentials, args);
   return std::unique_ptr<Client>(new Client(std::move(channel), options));
 }
 

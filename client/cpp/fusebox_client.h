@@ -111,6 +111,27 @@ struct CallOptions {
 
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 
+// TLS to the server, on when `enabled` is set or anything below is given. PEM texts, not
+// paths (LoadTlsFiles reads files into them).
+struct TlsOptions {
+  bool enabled = false;
+  std::string root_certs;   // CA certificate(s) to trust; empty = gRPC's default roots
+  std::string cert_chain;   // mTLS: the client's certificate (chain) and its key, both or neither
+  std::string private_key;
+  std::string server_name;  // checked against the server's certificate instead of target's host
+
+  bool on() const {
+    return enabled || !root_certs.empty() || !cert_chain.empty() || !private_key.empty() ||
+           !server_name.empty();
+  }
+};
+
+// Reads the given PEM files (an empty path is skipped) into *tls and turns TLS on. A client
+// certificate without its key, or the other way round, is INVALID_ARGUMENT; a file that cannot
+// be read, the OS's reason (absl::ErrnoToStatus) naming the file.
+absl::Status LoadTlsFiles(const std::string& ca_file, const std::string& cert_file,
+                          const std::string& key_file, TlsOptions* tls);
+
 class Client {
  public:
   struct Options {
@@ -122,6 +143,8 @@ class Client {
     std::string auth_token;
     // Extra integer channel arguments, e.g. {"grpc.http2.lookahead_bytes", 1 << 24}.
     std::vector<std::pair<std::string, int>> channel_args;
+    // Plaintext unless tls.on().
+    TlsOptions tls;
   };
 
   // Creates a channel to target ("host:port"). Does not wait for the server;

@@ -13,8 +13,12 @@ float64 input with no dtype is narrowed to float32.
 Tensors can stay on the server: ``upload`` returns a Handle, any op accepts a
 Handle in place of an array, ``keep=True`` makes an op return a Handle to its
 output, and ``download`` / ``free`` / ``list_tensors`` do the rest.
+
+TLS: ``Client(target, root_certificates="ca.pem")``; mTLS adds ``certificate_chain`` and
+``private_key``. Without them (or ``tls=True``) the channel is plaintext.
 """
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
@@ -186,22 +190,54 @@ def from_tensor(t: "pb.Tensor", bf16_output: str = "float32") -> np.ndarray:
 
 _HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 
+_Pem = Union[bytes, str, "os.PathLike[str]"]
+
+
+def _read_pem(pem: Optional[_Pem]) -> Optional[bytes]:
+    """bytes as they are (PEM text), a str or path-like as the file it names."""
+    if pem is None or isinstance(pem, bytes):
+        return pem
+    with open(pem, "rb") as f:
+        return f.read()
+
 
 class Client:
     """A connection to one fusebox server. Thread-safe; use as a context manager."""
 
     def __init__(self, target: str, timeout: float = 60.0, max_message_bytes: int = -1,
-                 token: Optional[str] = None):
+                 token: Optional[str] = None, *, tls: bool = False,
+                 root_certificates: Optional[_Pem] = None,
+                 certificate_chain: Optional[_Pem] = None,
+                 private_key: Optional[_Pem] = None,
+                 server_name: Optional[str] = None):
         """target "host:port"; timeout: default deadline in seconds; token: bearer token
-        for a server started with a token file."""
+        for a server started with a token file.
+
+        TLS, off unless ``tls=True`` or a PEM below is given. Each PEM is bytes (its contents)
+        or a str / path-like (a file to read): root_certificates, the CA(s) to trust for the
+        server's certificate (None: gRPC's default roots); certificate_chain and private_key,
+        the client's certificate and key for mTLS, both or neither. server_name: the name the
+        server's certificate must carry when it is not target's host."""
         self.target = target
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        self.channel = grpc.insecure_channel(target, options=[
+        options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.enable_retries", 0),
-        ])
+        ]
+        roots, chain, key = (_read_pem(p) for p in (root_certificates, certificate_chain,
+                                                    private_key))
+        if (chain is None) != (key is None):
+            raise ValueError("certificate_chain and private_key come together (mTLS), or neither")
+        if tls or roots is not None or chain is not None or server_name:
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=roots, private_key=key, certificate_chain=chain)
+            self.channel = grpc.secure_channel(target, credentials, options=options)
+        else:
+            self.channel = grpc.insecure_channel(target, options=options)
         self.stub = pb_grpc.KernelServiceStub(self.channel)
         self._health = self.channel.unary_unary("/grpc.health.v1.Health/Check")
 
