@@ -9,8 +9,8 @@
 //   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
 //   long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch (0 =
 //   automatic), as memory_bound_variants.h forces them (memory_bound_peers.py --variant).
-// Softmax gets the workspace its choice asks for, as the server gives it (one buffer per process,
-// grown when a shape needs more; the harness calls from one thread).
+// Softmax and row sum get the workspace their choice asks for, as the server gives it (one buffer
+// per process, grown when a shape needs more; the harness calls from one thread).
 // stream: a cudaStream_t (torch.cuda.current_stream().cuda_stream).
 // Returns the launch's cudaError_t (0 = success; an unknown op or dtype gives cudaErrorInvalidValue).
 #include <cuda_runtime_api.h>
@@ -51,10 +51,9 @@ fc::KernelChoice ToChoice(const int32_t* c) {
   return k;
 }
 
-fc::Workspace SoftmaxWorkspace(DType dt, int64_t rows, int64_t cols, const fc::KernelChoice& k) {
+fc::Workspace GrowWorkspace(size_t need) {
   static void* buf = nullptr;
   static size_t size = 0;
-  const size_t need = fc::SoftmaxWorkspaceBytesWith(k, dt, rows, cols);
   if (need > size) {
     cudaFree(buf);
     buf = nullptr;
@@ -63,6 +62,12 @@ fc::Workspace SoftmaxWorkspace(DType dt, int64_t rows, int64_t cols, const fc::K
     size = need;
   }
   return {buf, size};
+}
+fc::Workspace SoftmaxWorkspace(DType dt, int64_t rows, int64_t cols, const fc::KernelChoice& k) {
+  return GrowWorkspace(fc::SoftmaxWorkspaceBytesWith(k, dt, rows, cols));
+}
+fc::Workspace RowSumWorkspace(DType dt, int64_t rows, int64_t cols, const fc::KernelChoice& k) {
+  return GrowWorkspace(fc::RowSumWorkspaceBytesWith(k, dt, rows, cols));
 }
 }  // namespace
 
@@ -78,7 +83,7 @@ FUSEBOX_CAPI int fusebox_bench_memory_bound(int op, int dtype, const void* in, v
     switch (op) {
       case 0: return fc::LaunchGelu(dt, in, out, rows * cols, s);
       case 1: return fc::LaunchSoftmax(dt, in, out, rows, cols, s, SoftmaxWorkspace(dt, rows, cols, {}));
-      case 2: return fc::LaunchRowSum(dt, in, sums, rows, cols, s);
+      case 2: return fc::LaunchRowSum(dt, in, sums, rows, cols, s, RowSumWorkspace(dt, rows, cols, {}));
       default: return cudaErrorInvalidValue;
     }
   }
@@ -86,7 +91,7 @@ FUSEBOX_CAPI int fusebox_bench_memory_bound(int op, int dtype, const void* in, v
   switch (op) {
     case 0: return fc::LaunchGeluWith(k, dt, in, out, rows * cols, s);
     case 1: return fc::LaunchSoftmaxWith(k, dt, in, out, rows, cols, s, SoftmaxWorkspace(dt, rows, cols, k));
-    case 2: return fc::LaunchRowSumWith(k, dt, in, sums, rows, cols, s);
+    case 2: return fc::LaunchRowSumWith(k, dt, in, sums, rows, cols, s, RowSumWorkspace(dt, rows, cols, k));
     default: return cudaErrorInvalidValue;
   }
 }
@@ -104,7 +109,7 @@ FUSEBOX_CAPI void fusebox_bench_memory_bound_describe(int op, int dtype, const v
   if (op == 1) {
     fc::DescribeSoftmax(dt, in, out, rows, cols, k, buf, len, fc::SoftmaxWorkspaceBytesWith(k, dt, rows, cols));
   }
-  if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, k, buf, len);
+  if (op == 2) fc::DescribeRowSum(dt, in, rows, cols, k, buf, len, fc::RowSumWorkspaceBytesWith(k, dt, rows, cols));
 }
 
 // cudaGetErrorName of an error code above, e.g. "cudaErrorInvalidValue".

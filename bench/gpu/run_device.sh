@@ -21,8 +21,10 @@
 #             PEERPROF_METRICS: extra ncu metrics (comma-separated), printed per kernel
 # Writes test.log, sanitizer.log, bench.log, ours.json, peers.json, trace.json, report.md,
 # results.json under $OUT; prints the verdict table last.
+#   sweep     bench/gpu/sweep.py: shapes drawn fresh per run (seed printed), ours vs the peers in one
+#             process; sweep.json, sweep.md, sweep.log (SWEEP_ARGS: e.g. "--quick", "--shapes 20")
 # usage: COMMIT=<hash> BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh [test] [sanitize]
-#        [bench|quick] [ours] [ab] [profile] [peerprof]
+#        [bench|quick] [sweep] [ours] [ab] [profile] [peerprof]
 set -u -o pipefail
 B=${BUNDLE:-.bundle}
 OUT=${OUT:-/tmp/fusebox-out}
@@ -82,6 +84,14 @@ for step in $steps; do
     fi
     python3 "$B/bin/memory_bound_report.py" "$OUT/ours.json" "$OUT/peers.json" --md "$OUT/report.md" \
       --json "$OUT/results.json" --commit "${COMMIT:-unknown}" --date "$(date -u +%F)" "${rextra[@]}" || status=1
+    ;;
+  sweep)  # every-shape sweep: shapes drawn fresh (seed printed; SWEEP_ARGS e.g. "--quick" or "--shapes 20 --seed N")
+    echo "== sweep" | tee "$OUT/sweep.log"
+    # shellcheck disable=SC2086
+    timeout "${SWEEP_LIMIT_S:-420}" python3 "$B/bin/sweep.py" --capi "$B/bin/libfusebox_memory_bound_capi.so" \
+      --json "$OUT/sweep.json" --md "$OUT/sweep.md" ${SWEEP_ARGS:-} >>"$OUT/sweep.log" 2>&1 || status=1
+    grep -E "seed|WRONG|failed|budget" "$OUT/sweep.log" | head -n 20
+    [[ -f $OUT/sweep.md ]] && sed -n '/## Summary/,$p' "$OUT/sweep.md"
     ;;
   ours)  # our kernels and all forced variants only (no peers): a tuning run
     echo "== ours"

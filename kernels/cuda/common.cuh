@@ -401,8 +401,41 @@ __device__ __forceinline__ void StoreRelaxedGpu(uint64_t* p, uint64_t v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// A row whose start is not 16-byte aligned, read as a scalar head up to its first 16-byte
+// boundary, whole 16-byte vectors, and a scalar tail: every row of any length gets vector access
+// (the in and out rows of softmax share their offset modulo 16, so one split serves both).
+// head + tail <= 2 (W - 1) elements.
+struct RowEdges {
+  int head;     // elements before the first 16-byte boundary (<= W - 1, <= cols)
+  int nvec;     // whole 16-byte vectors after them
+  int tail;     // elements after the vectors (<= W - 1)
+  __host__ __device__ int edges() const { return head + tail; }
+};
+template <typename T>
+__host__ __device__ __forceinline__ RowEdges EdgesOf(const T* row, int64_t cols) {
+  constexpr int W = 16 / sizeof(T);
+  const int64_t h = static_cast<int64_t>(((16u - (reinterpret_cast<uintptr_t>(row) & 15u)) & 15u) / sizeof(T));
+  const int64_t head = h < cols ? h : cols;
+  const int64_t nvec = (cols - head) / W;
+  return {static_cast<int>(head), static_cast<int>(nvec), static_cast<int>(cols - head - nvec * W)};
+}
+// Position in the row of its edge element e (0 <= e < head + tail).
+template <typename T>
+__host__ __device__ __forceinline__ int64_t EdgeIndex(const RowEdges& g, int e) {
+  constexpr int W = 16 / sizeof(T);
+  return e < g.head ? e : g.head + static_cast<int64_t>(g.nvec) * W + (e - g.head);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host-side helpers shared by the launchers.
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+// Rows of T at p and q can take the head / vectors / tail split (RowEdges): element-aligned
+// pointers with the same offset modulo 16 bytes.
+template <typename T>
+inline bool EdgesOk(const void* p, const void* q) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = reinterpret_cast<uintptr_t>(q);
+  return a % sizeof(T) == 0 && b % sizeof(T) == 0 && (a & 15u) == (b & 15u);
+}
 inline int Pow2Ceil(int64_t x) {
   int p = 1;
   while (p < x) p <<= 1;

@@ -17,8 +17,10 @@
 // Sizes: rows * cols may exceed 2^31 (64-bit indexing); a row is at most kMaxRowAccesses accesses
 // (RowLengthSupported; 2^30 - 1, as the kernels count a row's accesses in 32-bit ints); longer
 // rows give cudaErrorInvalidValue.
-// Pointers: any element-aligned address; the 16-byte vector path is used when the pointers and the
-// row length allow it, a scalar path otherwise. Negative sizes give cudaErrorInvalidValue.
+// Pointers: any element-aligned address. Rows are read and written with 16-byte vectors whatever
+// their alignment (a scalar head and tail around them) where input and output share their offset
+// modulo 16 bytes (always so for pool memory); a scalar path otherwise. Negative sizes give
+// cudaErrorInvalidValue.
 // Thread safety: launchers may be called concurrently from several threads and streams.
 // Kernel choice: automatic, from the dtype, the shape and the pointers' alignment (each kernel
 // file says which kernel runs where and why). Tests and benchmarks force other choices through
@@ -57,8 +59,12 @@ cudaError_t LaunchSoftmax(DType dt, const void* in, void* out, int64_t rows, int
 // Workspace bytes that softmax's automatic choice uses for this shape (0 if none; 16-byte aligned
 // pointers assumed). A launch given less takes a plan without the workspace.
 size_t SoftmaxWorkspaceBytes(DType dt, int64_t rows, int64_t cols);
+// Row sum: with a workspace of RowSumWorkspaceBytes (which it does not need initialised), rows too
+// few to fill the GPU are split over more blocks whose partial sums meet there (a second small
+// launch adds them in a fixed order: the result is deterministic). Given less, it runs without.
 cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols,
-                         cudaStream_t s);
+                         cudaStream_t s, Workspace ws = {});
+size_t RowSumWorkspaceBytes(DType dt, int64_t rows, int64_t cols);
 // Evicts L2 for timing (the matmul runner's timing of its two cuBLASLt picks, and the
 // benchmarks): reads `bytes` (a multiple of kFlushRowBytes) of `buf` with plain loads
 // (a row sum over rows of kFlushRowBytes) and writes bytes / kFlushRowBytes floats to `sums`.

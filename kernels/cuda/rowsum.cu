@@ -16,7 +16,14 @@
 //    of 512 threads x 16 loads, with the L2 evict-first cache policy (torch.compile's loads).
 //    Rows of exactly 1024 or 2048 16-byte accesses (16 or 32 KiB) are one batch of 512 x 2 or 4
 //    loads, read by a kernel without a loop or bounds checks.
-// Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
+//  - few long rows (rows x cluster < 132, rows of 16384+ accesses) given a workspace
+//    (RowSumWorkspaceBytes): each row split over enough plain blocks for two per SM
+//    (RowSumPartKernel, partial sums in the workspace), then RowSumFinishKernel adds each row's
+//    partials in a fixed order: deterministic, one extra launch of a few microseconds.
+// Rows whose start is not 16-byte aligned (odd row lengths, offset pointers) take the same kernels
+// with a scalar head up to the first 16-byte boundary, the vectors, and a scalar tail (RowEdges in
+// common.cuh): head and tail add at most 2 (W - 1) scalar loads per row. Only pointers that are
+// not element-aligned use W = 1 (coalesced scalar access).
 // The cache hint, the block size (the loads' stride) and "cluster or not" are template arguments:
 // a block-per-row kernel starts its loads within ~25 instructions (in SASS).
 #include <algorithm>
@@ -105,16 +112,26 @@ __device__ __forceinline__ float BatchSum(const typename Pack<T, W>::Raw* src) {
 // TPR > 0: tpr = TPR, fixed at compile time (the loads share one address register with immediate
 // offsets); TPR = 0: tpr_arg. Exact (with TPR > 0): rows of exactly U x TPR accesses, each lane's
 // U loads without a loop or bounds checks.
-template <typename T, int W, bool Cs, int TPR, int U, bool Exact = false>
+// E: rows not 16-byte aligned (RowEdges): each row's head and tail elements are added by its
+// lanes e, e + tpr, ... and its vectors read as above (cols is used only then).
+template <typename T, int W, bool Cs, int TPR, int U, bool Exact = false, bool E = false>
 __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* out, int64_t rows, int nacc,
-                                                          int tpr_arg) {
+                                                          int tpr_arg, int64_t cols) {
   using R = typename Pack<T, W>::Raw;
   const int tpr = TPR ? TPR : tpr_arg;
   const int lg = __ffs(tpr) - 1;  // a power of two: rows by shifts, not a division
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
   float s = 0.f;
-  if constexpr (Exact) {
+  if constexpr (E) {
+    static_assert(!Exact, "edge rows vary in length");
+    if (row < rows) {
+      const T* rp = in + row * cols;
+      const RowEdges g = EdgesOf(rp, cols);
+      s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(rp + g.head), lane, g.nvec, tpr);
+      for (int e = lane; e < g.edges(); e += tpr) s += ToFloat<T>(LoadHint(Cs, rp + EdgeIndex<T>(g, e)));
+    }
+  } else if constexpr (Exact) {
     static_assert(TPR > 0, "exact rows need tpr at compile time");
     if (row < rows) s = BatchSum<T, W, Cs, U, TPR>(reinterpret_cast<const R*>(in) + row * nacc + lane);
   } else {
@@ -127,11 +144,18 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
 // The short-row kernel for tpr (fixed at compile time for 16-byte accesses, at run time for scalar
 // ones) and U (4 only for .cs loads with tpr fixed, else kUnroll); exact: the Exact form, U = 2,
 // 4 or 8, 16-byte accesses only.
-template <typename T, int W, bool Cs>
+template <typename T, int W, bool Cs, bool E = false>
 const void* SmallKernel(int tpr, int unroll, bool exact) {
   auto k = [unroll, exact](auto t) {
     constexpr int TPR = decltype(t)::value;
-    if constexpr (TPR > 0) {
+    if constexpr (E) {
+      if (exact) return static_cast<const void*>(nullptr);
+      if constexpr (Cs && TPR > 0) {
+        if (unroll == 4) return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 4, false, true>);
+      }
+      return unroll == kUnroll ? reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, kUnroll, false, true>)
+                               : nullptr;
+    } else if constexpr (TPR > 0) {
       if (exact) {
         switch (unroll) {
           case 2: return reinterpret_cast<const void*>(RowSumSmallKernel<T, W, Cs, TPR, 2, true>);
@@ -172,24 +196,49 @@ constexpr int ChunkMinBlocks() {
   return U <= 4 ? 2048 / MaxT : 1;
 }
 
-template <typename T, int W, int U, int MaxT, bool Cs, bool Clustered>
-__global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKernel(const T* in, float* out,
-                                                                                     int nacc, int chunk, int csize) {
+// The vectors of row `row` (nv of them) and, for E rows (RowEdges; cols used only then), the sum of
+// this thread's edge element if first_block and the thread has one.
+template <typename T, int W, bool Cs, bool E>
+__device__ __forceinline__ const typename Pack<T, W>::Raw* RowBody(const T* in, int64_t row, int nacc, int64_t cols,
+                                                                   bool first_block, int& nv, float& edge) {
   using R = typename Pack<T, W>::Raw;
+  edge = 0.f;
+  if constexpr (E) {
+    const T* rp = in + row * cols;
+    const RowEdges g = EdgesOf(rp, cols);
+    nv = g.nvec;
+    if (first_block && static_cast<int>(threadIdx.x) < g.edges()) {
+      edge = ToFloat<T>(LoadHint(Cs, rp + EdgeIndex<T>(g, threadIdx.x)));
+    }
+    return reinterpret_cast<const R*>(rp + g.head);
+  } else {
+    nv = nacc;
+    return reinterpret_cast<const R*>(in) + row * nacc;
+  }
+}
+
+template <typename T, int W, int U, int MaxT, bool Cs, bool Clustered, bool E = false>
+__global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKernel(const T* in, float* out,
+                                                                                     int nacc, int chunk, int csize,
+                                                                                     int64_t cols) {
   __shared__ float scratch[32];
-  const R* src = reinterpret_cast<const R*>(in);
   if constexpr (!Clustered) {
     const int64_t row = blockIdx.x;
-    const float s =
-        BlockSumToFirst(StridedSum<T, W, Cs, U>(src + row * nacc, threadIdx.x, nacc, MaxT), scratch);
+    int nv;
+    float edge;
+    const auto* body = RowBody<T, W, Cs, E>(in, row, nacc, cols, true, nv, edge);
+    const float s = BlockSumToFirst(edge + StridedSum<T, W, Cs, U>(body, threadIdx.x, nv, MaxT), scratch);
     if (threadIdx.x == 0) out[row] = s;
   } else {
     __shared__ float block_sum;
     const int rank = static_cast<int>(ClusterRank());
     const int64_t row = blockIdx.x / csize;
+    int nv;
+    float edge;
+    const auto* body = RowBody<T, W, Cs, E>(in, row, nacc, cols, rank == 0, nv, edge);
     const int a0 = rank * chunk;
-    const int n = max(0, min(nacc - a0, chunk));
-    const float s = BlockSumToFirst(StridedSum<T, W, Cs, U>(src + row * nacc + a0, threadIdx.x, n, MaxT), scratch);
+    const int n = max(0, min(nv - a0, chunk));
+    const float s = BlockSumToFirst(edge + StridedSum<T, W, Cs, U>(body + a0, threadIdx.x, n, MaxT), scratch);
     if (threadIdx.x == 0) block_sum = s;
     ClusterArrive();
     ClusterWait();
@@ -201,6 +250,46 @@ __global__ __launch_bounds__(MaxT, ChunkMinBlocks<U, MaxT>()) void RowSumChunkKe
     ClusterArrive();  // block 0 has read every partial before anyone leaves
     ClusterWait();
   }
+}
+
+// Rows split over nb plain blocks (too few rows to fill the GPU): block b of row r sums accesses
+// [b chunk, (b + 1) chunk) of the row's vectors (block 0 also its edges) into part[r nb + b];
+// RowSumFinishKernel then adds each row's nb partial sums in a fixed order (deterministic, no
+// atomics). The workspace holds the partial sums.
+template <typename T, int W, int U, bool E>
+__global__ __launch_bounds__(kThreads, ChunkMinBlocks<U, kThreads>()) void RowSumPartKernel(const T* in, float* part,
+                                                                                           int nacc, int chunk,
+                                                                                           int nb, int64_t cols) {
+  __shared__ float scratch[32];
+  const int64_t row = blockIdx.x / nb;
+  const int b = static_cast<int>(blockIdx.x % nb);
+  int nv;
+  float edge;
+  const auto* body = RowBody<T, W, true, E>(in, row, nacc, cols, b == 0, nv, edge);
+  const int a0 = b * chunk;
+  const int n = max(0, min(nv - a0, chunk));
+  const float s = BlockSumToFirst(edge + StridedSum<T, W, true, U>(body + a0, threadIdx.x, n, kThreads), scratch);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+// One warp per row (8 per block): lane l adds partials l, l + 32, ... in order, then a fixed
+// shuffle tree.
+__global__ __launch_bounds__(256) void RowSumFinishKernel(const float* part, float* out, int64_t rows, int nb) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;  // the whole warp: one row per warp
+  float s = 0.f;
+  for (int i = lane; i < nb; i += 32) s += part[row * nb + i];
+  s = GroupSum(s, 32);
+  if (lane == 0) out[row] = s;
+}
+template <typename T, int W, bool E>
+const void* PartKernel(int unroll) {
+  switch (unroll) {
+    case 4: return reinterpret_cast<const void*>(RowSumPartKernel<T, W, 4, E>);
+    case 8: return reinterpret_cast<const void*>(RowSumPartKernel<T, W, 8, E>);
+    case 16: return reinterpret_cast<const void*>(RowSumPartKernel<T, W, 16, E>);
+  }
+  return nullptr;
 }
 
 // Rows of exactly U x MaxT 16-byte accesses, one block per row: each thread's U loads, their sum,
@@ -239,16 +328,16 @@ const void* BatchKernel(int threads, int unroll, bool cs) {
 // 512 x 8; 8-byte accesses 512 x 16 only (the one pair MakePlan picks for them). Measured slower
 // and not built: 1024-thread blocks (~30% at 8192 columns); 512 x 1 / 2 / 4, 256 x 2 and
 // 128 x 8 (0.3-16%).
-template <typename T, int W>
+template <typename T, int W, bool E = false>
 const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
   auto pick = [&](auto u, auto t) -> const void* {
     constexpr int U = decltype(u)::value, MaxT = decltype(t)::value;
     if (cs) {
-      return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, true>)
-                       : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, false>);
+      return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, true, E>)
+                       : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, true, false, E>);
     }
-    return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, true>)
-                     : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, false>);
+    return clustered ? reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, true, E>)
+                     : reinterpret_cast<const void*>(RowSumChunkKernel<T, W, U, MaxT, false, false, E>);
   };
   using I = std::integral_constant<int, kThreads>;
   using J = std::integral_constant<int, 512>;
@@ -267,7 +356,9 @@ const void* LongKernel(int threads, int unroll, bool cs, bool clustered) {
 }
 
 struct Plan {
-  bool vec = false;
+  bool vec = false;    // 16-byte aligned rows of whole vectors
+  bool edges = false;  // other element-aligned rows: scalar head and tail around vectors (RowEdges)
+  int split = 1;       // blocks per row that meet in the workspace (RowSumPartKernel)
   bool small = false;
   int nacc = 0;
   int tpr = 0;
@@ -279,16 +370,43 @@ struct Plan {
                        // RowSumBatchKernel) or tpr x unroll (short rows, the Exact kernel)
 };
 
-template <typename T, int W>
+template <typename T, int W, bool E = false>
 const void* SmallKernelFor(const Plan& p) {
-  return p.cs ? SmallKernel<T, W, true>(p.tpr, p.unroll, p.batch) : SmallKernel<T, W, false>(p.tpr, p.unroll, p.batch);
+  return p.cs ? SmallKernel<T, W, true, E>(p.tpr, p.unroll, p.batch)
+              : SmallKernel<T, W, false, E>(p.tpr, p.unroll, p.batch);
+}
+
+// Blocks per row meeting in the workspace (1 = none): as forced (KernelChoice::split), or,
+// automatically, for long rows (16384 or more 16-byte accesses) too few to give every SM one
+// block with their clusters (rows x cluster < 132): enough blocks of >= 1024 accesses for two
+// per SM. Before, 7x3000001 bf16 ran 56 blocks on 132 SMs. Arithmetic only (the server sizes the
+// workspace with it, pointers unknown; the vector count is the aligned one, an upper bound).
+constexpr int kFillBlocks = 264;
+template <typename T>
+int SplitWanted(const KernelChoice& k, int64_t rows, int64_t cols) {
+  constexpr int W = 16 / sizeof(T);
+  const int64_t nacc = cols / W;
+  if (k.split != 0) return std::max(1, k.split);
+  if (k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024) || k.cluster != 0 || k.threads != 0 ||
+      k.vectors_per_thread != 0 || k.pipeline != 0 || k.streaming < 0 || nacc > kMaxRowAccesses) {
+    return 1;
+  }
+  const int64_t csize = std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
+  if (nacc < 16384 || rows * csize >= kFillBlocks / 2) return 1;
+  const int64_t nb = std::min(CeilDiv(kFillBlocks, rows), CeilDiv(nacc, 1024));
+  return nb > csize ? static_cast<int>(nb) : 1;
+}
+size_t SplitBytes(int64_t rows, int split) {
+  return split > 1 ? static_cast<size_t>(rows) * split * sizeof(float) : 0;
 }
 
 template <typename T>
-cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_t cols, Plan* p) {
+cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_t cols, size_t ws_bytes,
+                     Plan* p) {
   constexpr int W = 16 / sizeof(T);
   p->vec = cols % W == 0 && Aligned16(in);
-  const int64_t nacc64 = p->vec ? cols / W : cols;
+  p->edges = !p->vec && EdgesOk<T>(in, in);
+  const int64_t nacc64 = p->vec || p->edges ? cols / W : cols;
   if (nacc64 > kMaxRowAccesses) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
@@ -321,9 +439,22 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
       p->unroll = k.vectors_per_thread ? k.vectors_per_thread : per_lane;
       if (per_lane != p->unroll) return cudaErrorInvalidValue;
     }
-    const void* kernel = p->vec ? SmallKernelFor<T, W>(*p) : SmallKernelFor<T, 1>(*p);
+    const void* kernel = p->vec ? SmallKernelFor<T, W>(*p) : p->edges ? SmallKernelFor<T, W, true>(*p) : SmallKernelFor<T, 1>(*p);
     return kernel ? cudaSuccess : cudaErrorInvalidValue;
   }
+  // Too few rows to fill the GPU (SplitWanted), given the workspace: plain blocks of 256 threads
+  // meeting in it, as many loads in flight per thread as its accesses fill (16, 8 or 4).
+  const int split = SplitWanted<T>(k, rows, cols);
+  if (split > 1 && (p->vec || p->edges) && SplitBytes(rows, split) <= ws_bytes) {
+    if (split > 4096 || rows * split > INT_MAX) return cudaErrorInvalidValue;
+    p->split = split;
+    p->threads = kThreads;
+    p->chunk = static_cast<int>(CeilDiv(nacc, split));
+    const int per_thread = static_cast<int>(CeilDiv(p->chunk, kThreads));
+    p->unroll = per_thread >= 16 ? 16 : per_thread >= 8 ? 8 : 4;
+    return cudaSuccess;
+  }
+  if (k.split > 1) return cudaErrorInvalidValue;  // forced without the workspace (or on the scalar path)
   // Long rows: about 8192 accesses (128 KiB) or more per block, up to 8 blocks per row.
   p->csize = k.cluster ? k.cluster : std::min(8, Pow2Ceil(CeilDiv(nacc, 8192)));
   if (p->csize < 1 || p->csize > 8) return cudaErrorInvalidValue;
@@ -364,7 +495,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   // (the whole row is the predicated tail). u=4 takes 32 registers (8 blocks of 256 per SM).
   // 512-thread blocks (forced only) come with 8, the one pair LongKernel builds for them.
   p->threads = k.threads ? k.threads : kThreads;
-  const int per_thread = p->vec ? CeilDiv(CeilDiv(nacc, p->csize), p->threads) : 0;
+  const int per_thread = p->vec || p->edges ? CeilDiv(CeilDiv(nacc, p->csize), p->threads) : 0;
   const int fill = per_thread >= 16 ? 16 : per_thread >= 8 ? 8 : kLongUnroll;
   p->unroll = k.vectors_per_thread ? k.vectors_per_thread : p->threads == kThreads ? fill : 8;
   if (LongKernel<T, 1>(p->threads, p->unroll, p->cs, p->csize > 1) == nullptr) return cudaErrorInvalidValue;
@@ -372,21 +503,36 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   return cudaSuccess;
 }
 
-template <typename T, int W>
-cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, cudaStream_t s) {
+template <typename T, int W, bool E = false>
+cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t rows, int64_t cols, void* ws,
+                        cudaStream_t s) {
   const T* in = static_cast<const T*>(in_v);
+  if constexpr (Pack<T, W>::kVec) {
+    if (p.split > 1) {
+      float* part = static_cast<float*>(ws);
+      int nacc = p.nacc, chunk = p.chunk, nb = p.split;
+      void* args[] = {&in, &part, &nacc, &chunk, &nb, &cols};
+      cudaError_t e = cudaLaunchKernel(PartKernel<T, W, E>(p.unroll), dim3(static_cast<unsigned>(rows * nb)),
+                                       dim3(kThreads), args, 0, s);
+      if (e != cudaSuccess) return e;
+      const int64_t blocks = CeilDiv(rows, 8);
+      if (blocks > INT_MAX) return cudaErrorInvalidValue;
+      RowSumFinishKernel<<<static_cast<unsigned>(blocks), 256, 0, s>>>(part, out, rows, nb);
+      return cudaGetLastError();
+    }
+  }
   if constexpr (Pack<T, W>::kVec8) {
     if (p.small) return cudaErrorInvalidValue;  // 8-byte accesses are for long rows only
   } else if (p.small) {
     const int64_t blocks = CeilDiv(rows, p.threads / p.tpr);
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
-    const void* kernel = SmallKernelFor<T, W>(p);  // MakePlan checked it
+    const void* kernel = SmallKernelFor<T, W, E>(p);  // MakePlan checked it
     int nacc = p.nacc, tpr = p.tpr;
-    void* args[] = {&in, &out, &rows, &nacc, &tpr};
+    void* args[] = {&in, &out, &rows, &nacc, &tpr, &cols};
     const cudaError_t e = cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(p.threads), args, 0, s);
     return e != cudaSuccess ? e : cudaGetLastError();
   }
-  if constexpr (Pack<T, W>::kVec) {
+  if constexpr (Pack<T, W>::kVec && !E) {
     if (p.batch) {
       int nacc = p.nacc;
       void* args[] = {&in, &out, &nacc};
@@ -399,42 +545,60 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in_v, float* out, int64_t row
   const cudaLaunchConfig_t cfg =
       ClusterLaunchConfig(static_cast<unsigned>(rows * p.csize), p.threads, 0, p.csize, s, attr);
   int nacc = p.nacc, chunk = p.chunk, csize = p.csize;
-  void* args[] = {&in, &out, &nacc, &chunk, &csize};
-  const void* kernel = LongKernel<T, W>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it
+  void* args[] = {&in, &out, &nacc, &chunk, &csize, &cols};
+  const void* kernel = LongKernel<T, W, E>(p.threads, p.unroll, p.cs, p.csize > 1);  // MakePlan checked it
   const cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, args);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t LaunchRowSumT(const KernelChoice& k, const void* in, float* out, int64_t rows, int64_t cols,
-                          cudaStream_t s) {
+                          cudaStream_t s, Workspace ws) {
   Plan p;
-  const cudaError_t e = MakePlan<T>(k, in, rows, cols, &p);
+  const cudaError_t e = MakePlan<T>(k, in, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
+  constexpr int W = 16 / sizeof(T);
   if constexpr (sizeof(T) == 2) {
-    if (p.w8) return LaunchPlanW<T, 4>(p, in, out, rows, s);
+    if (p.w8) return LaunchPlanW<T, 4>(p, in, out, rows, cols, ws.ptr, s);
   }
-  return p.vec ? LaunchPlanW<T, 16 / sizeof(T)>(p, in, out, rows, s) : LaunchPlanW<T, 1>(p, in, out, rows, s);
+  if (p.vec) return LaunchPlanW<T, W>(p, in, out, rows, cols, ws.ptr, s);
+  if (p.edges) return LaunchPlanW<T, W, true>(p, in, out, rows, cols, ws.ptr, s);
+  return LaunchPlanW<T, 1>(p, in, out, rows, cols, ws.ptr, s);
 }
 
 }  // namespace
 
 cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, float* out, int64_t rows,
-                             int64_t cols, cudaStream_t s) {
+                             int64_t cols, cudaStream_t s, Workspace ws) {
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if (out == nullptr || (cols > 0 && in == nullptr)) return cudaErrorInvalidValue;
   if (cols == 0) return cudaMemsetAsync(out, 0, static_cast<size_t>(rows) * sizeof(float), s);
   switch (dt) {
-    case DType::kFloat32: return LaunchRowSumT<float>(k, in, out, rows, cols, s);
-    case DType::kFloat16: return LaunchRowSumT<__half>(k, in, out, rows, cols, s);
-    case DType::kBFloat16: return LaunchRowSumT<__nv_bfloat16>(k, in, out, rows, cols, s);
+    case DType::kFloat32: return LaunchRowSumT<float>(k, in, out, rows, cols, s, ws);
+    case DType::kFloat16: return LaunchRowSumT<__half>(k, in, out, rows, cols, s, ws);
+    case DType::kBFloat16: return LaunchRowSumT<__nv_bfloat16>(k, in, out, rows, cols, s, ws);
   }
   return cudaErrorInvalidValue;
 }
 
-cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols, cudaStream_t s) {
-  return LaunchRowSumWith(KernelChoice{}, dt, in, out, rows, cols, s);
+cudaError_t LaunchRowSum(DType dt, const void* in, float* out, int64_t rows, int64_t cols, cudaStream_t s,
+                         Workspace ws) {
+  return LaunchRowSumWith(KernelChoice{}, dt, in, out, rows, cols, s, ws);
+}
+
+size_t RowSumWorkspaceBytesWith(const KernelChoice& k, DType dt, int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0) return 0;
+  switch (dt) {
+    case DType::kFloat32: return SplitBytes(rows, SplitWanted<float>(k, rows, cols));
+    case DType::kFloat16: return SplitBytes(rows, SplitWanted<__half>(k, rows, cols));
+    case DType::kBFloat16: return SplitBytes(rows, SplitWanted<__nv_bfloat16>(k, rows, cols));
+  }
+  return 0;
+}
+
+size_t RowSumWorkspaceBytes(DType dt, int64_t rows, int64_t cols) {
+  return RowSumWorkspaceBytesWith(KernelChoice{}, dt, rows, cols);
 }
 
 cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s) {
@@ -446,21 +610,24 @@ cudaError_t FlushL2(const void* buf, int64_t bytes, float* sums, cudaStream_t s)
 }
 
 void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const KernelChoice& k, char* buf,
-                    int len) {
+                    int len, size_t workspace_bytes) {
   Plan p;
   cudaError_t e = cudaErrorInvalidValue;
   switch (dt) {
-    case DType::kFloat32: e = MakePlan<float>(k, in, rows, cols, &p); break;
-    case DType::kFloat16: e = MakePlan<__half>(k, in, rows, cols, &p); break;
-    case DType::kBFloat16: e = MakePlan<__nv_bfloat16>(k, in, rows, cols, &p); break;
+    case DType::kFloat32: e = MakePlan<float>(k, in, rows, cols, workspace_bytes, &p); break;
+    case DType::kFloat16: e = MakePlan<__half>(k, in, rows, cols, workspace_bytes, &p); break;
+    case DType::kBFloat16: e = MakePlan<__nv_bfloat16>(k, in, rows, cols, workspace_bytes, &p); break;
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "rowsum/invalid");
+  } else if (p.split > 1) {
+    std::snprintf(buf, len, "rowsum/split %s b=%d t=%d u=%d cs", p.vec ? "vec" : "edges", p.split, p.threads,
+                  p.unroll);
   } else if (p.small) {
-    std::snprintf(buf, len, "rowsum/rows %s%s tpr=%d t=%d u=%d %s", p.vec ? "vec" : "scalar",
+    std::snprintf(buf, len, "rowsum/rows %s%s tpr=%d t=%d u=%d %s", p.vec ? "vec" : p.edges ? "edges" : "scalar",
                   p.batch ? " exact" : "", p.tpr, p.threads, p.unroll, p.cs ? "cs" : "plain");
   } else {
-    const char* access = p.w8 ? "vec8" : p.batch ? "vec one-batch" : p.vec ? "vec" : "scalar";
+    const char* access = p.w8 ? "vec8" : p.batch ? "vec one-batch" : p.vec ? "vec" : p.edges ? "edges" : "scalar";
     std::snprintf(buf, len, "rowsum/cluster %s c=%d t=%d u=%d %s", access, p.csize, p.threads, p.unroll,
                   p.cs ? "cs" : "plain");
   }

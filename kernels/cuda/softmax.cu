@@ -39,7 +39,14 @@
 //    clusters that consume shared-memory pieces as they land and refill them with the next row;
 //    measured slower than the one-shot kernel on every benchmark shape, so never chosen
 //    automatically; kept as the variant the one-shot kernel is compared with.
-// Rows or pointers not 16-byte aligned use the same kernels with W = 1 (coalesced scalar access).
+//  - few long rows (16384+ accesses, rows x blocks < 132) with a workspace: the split path with
+//    more blocks, two per SM (up to 128 per row): 1-8 rows of 10^6 columns no longer leave most
+//    SMs idle.
+// Rows whose start is not 16-byte aligned (odd row lengths, offset pointers), with in and out at the
+// same offset modulo 16, use the same kernels (E = true) on the row's 16-byte vectors plus a scalar
+// head up to the first boundary and a scalar tail (RowEdges in common.cuh; <= 2 (W - 1) scalars
+// per row, done by the short-row lanes, or by the first threads of the row's first block). Only
+// pointers at different offsets use W = 1 (coalesced scalar access).
 //
 // Special values (as tests/reference.cc and PyTorch): a NaN or +inf in a row makes its sum NaN and
 // so the whole row NaN; a row of only -inf has max -inf and e^(-inf - -inf) = NaN everywhere;
@@ -64,7 +71,8 @@ constexpr int kSmallThreads = 256;
 constexpr int kChunkMaxThreads = 512;
 constexpr int kBigSmemBytes = 224 * 1024;   // row data per block on the cluster path
 constexpr uint32_t kBulkPiece = 32 * 1024;  // bytes per cp.async.bulk
-constexpr int kMaxSplit = 64;                // blocks per row on the split path
+constexpr int kMaxSplit = 128;               // blocks per row on the split path
+constexpr int kFillBlocks = 264;             // two blocks per SM of the H200 (132 SMs)
 constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
 constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores measured 2-5% slower
 
@@ -132,22 +140,53 @@ __device__ __forceinline__ typename Pack<T, W>::Raw Output(const typename Pack<T
 // load and store, fewer registers); otherwise they are taken at run time. TPR > 0: lanes per row
 // fixed at compile time (the loads share one address register with immediate offsets); TPR = 0:
 // tpr_arg. Exact (with TPR): rows of exactly TPR x VPT accesses (nacc_arg ignored), no bounds checks.
-template <typename T, int W, int VPT, bool KeepExp, bool Defaults, int TPR = 0, bool Exact = false>
+// E: rows not 16-byte aligned (RowEdges; cols used only then): the row's vectors as above, and its
+// head and tail elements e = lane and lane + tpr (tpr >= W, so 2 tpr >= head + tail), one scalar
+// each, in the same max, sum and output.
+template <typename T, int W, int VPT, bool KeepExp, bool Defaults, int TPR = 0, bool Exact = false, bool E = false>
 __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in, T* out, int64_t rows,
                                                                     int nacc_arg, int tpr_arg, bool cs_arg,
-                                                                    bool fma_arg) {
+                                                                    bool fma_arg, int64_t cols) {
   using R = typename Pack<T, W>::Raw;
   static_assert(!Exact || TPR > 0, "an exact row's length is known at compile time");
   const bool cs = Defaults ? kDefaultStreaming : cs_arg;
   const bool fma = Defaults || fma_arg;
+  static_assert(!(E && Exact), "edge rows vary in length");
   const int tpr = TPR ? TPR : tpr_arg;
-  const int nacc = Exact ? TPR * VPT : nacc_arg;
   const int lg = __ffs(tpr) - 1;  // tpr is a power of two: rows by shifts, not a division
   const int lane = threadIdx.x & (tpr - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lg) + (threadIdx.x >> lg);
   const bool active = row < rows;
-  const R* src = reinterpret_cast<const R*>(in) + (active ? row : 0) * nacc;
-  R* dst = reinterpret_cast<R*>(out) + (active ? row : 0) * nacc;
+  int nacc;
+  const R* src;
+  R* dst;
+  RowEdges g{0, 0, 0};
+  const T* irow = nullptr;
+  T* orow = nullptr;
+  if constexpr (E) {
+    irow = in + (active ? row : 0) * cols;
+    orow = out + (active ? row : 0) * cols;
+    g = EdgesOf(irow, cols);
+    nacc = g.nvec;
+    src = reinterpret_cast<const R*>(irow + g.head);
+    dst = reinterpret_cast<R*>(orow + g.head);
+  } else {
+    nacc = Exact ? TPR * VPT : nacc_arg;
+    src = reinterpret_cast<const R*>(in) + (active ? row : 0) * nacc;
+    dst = reinterpret_cast<R*>(out) + (active ? row : 0) * nacc;
+  }
+  constexpr int NE = E ? 2 : 1;  // edge elements per lane
+  float xe[NE];
+  bool he[NE];
+#pragma unroll
+  for (int q = 0; q < NE; ++q) {
+    const int e = lane + q * tpr;
+    he[q] = E && active && e < g.edges();
+    xe[q] = -INFINITY;
+    if constexpr (E) {
+      if (he[q]) xe[q] = ToFloat<T>(LoadHint(cs, irow + EdgeIndex<T>(g, e)));
+    }
+  }
   R v[VPT];
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
@@ -162,6 +201,7 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
     const int a = lane + j * tpr;
     if (active && (Exact || a < nacc)) m = fmaxf(m, MaxOf<T, W>(v[j]));
   }
+  if constexpr (E) m = fmaxf(m, fmaxf(xe[0], xe[1]));
   m = GroupMax(m, tpr);  // the row max: no partial-state rules needed below (-inf rows are NaN)
   static_assert(!KeepExp || VPT * W <= 32, "KeepExp holds VPT x W floats");
   float kept[KeepExp ? VPT * W : 1];
@@ -181,6 +221,16 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
         }
       }
     }
+    if constexpr (E) {
+#pragma unroll
+      for (int q = 0; q < NE; ++q) {
+        if (he[q]) {
+          const float x = ex(xe[q]);
+          if constexpr (KeepExp) xe[q] = x;
+          s += x;
+        }
+      }
+    }
   });
   s = GroupSum(s, tpr);  // outside WithExp: rows of one warp may take different forms
   if constexpr (KeepExp) {
@@ -195,12 +245,24 @@ __global__ __launch_bounds__(kSmallThreads) void SoftmaxSmallKernel(const T* in,
         StoreHint(cs, dst + a, PackFloats<T, W>(f));
       }
     }
+    if constexpr (E) {
+#pragma unroll
+      for (int q = 0; q < NE; ++q) {
+        if (he[q]) StoreHint(cs, orow + EdgeIndex<T>(g, lane + q * tpr), FromFloat<T>(xe[q] * inv));
+      }
+    }
   } else {
     WithOut(m, s, fma, [&](const auto& op) {
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const int a = lane + j * tpr;
         if (active && (Exact || a < nacc)) StoreHint(cs, dst + a, Output<T, W>(v[j], op));
+      }
+      if constexpr (E) {
+#pragma unroll
+        for (int q = 0; q < NE; ++q) {
+          if (he[q]) StoreHint(cs, orow + EdgeIndex<T>(g, lane + q * tpr), FromFloat<T>(op(xe[q])));
+        }
       }
     });
   }
@@ -270,8 +332,8 @@ __device__ __forceinline__ void SplitPublish(const Split& sp, int64_t row, int r
 // Combine (the whole block): warp 0 reads the row's pairs until all are set and combines them;
 // after the timeout the block reads the whole row instead. `slot` and `flag` are the block's shared
 // scratch (free again when this returns).
-template <typename T, int W>
-__device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int nacc, MaxSum* scratch,
+template <typename T, int W, bool E = false>
+__device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int nacc, int64_t cols, MaxSum* scratch,
                                MaxSum* slot, int* flag) {
   const int t = threadIdx.x;
   if (t < 32) {
@@ -302,8 +364,16 @@ __device__ MaxSum SplitCombine(const Split& sp, int64_t row, const T* in, int na
   if (*flag) return *slot;
   using R = typename Pack<T, W>::Raw;  // the whole row, read from global memory by this block
   const R* whole = reinterpret_cast<const R*>(in) + row * nacc;
+  int nv = nacc;
   MaxSum w{-INFINITY, 0.f};
-  for (int a = t; a < nacc; a += blockDim.x) AccumulateOnline<T, W>(LoadKeep(whole + a), w);
+  if constexpr (E) {
+    const T* irow = in + row * cols;
+    const RowEdges g = EdgesOf(irow, cols);
+    whole = reinterpret_cast<const R*>(irow + g.head);
+    nv = g.nvec;
+    if (t < g.edges()) AccumulateOnline<T, 1>(LoadKeep(irow + EdgeIndex<T>(g, t)), w);
+  }
+  for (int a = t; a < nv; a += blockDim.x) AccumulateOnline<T, W>(LoadKeep(whole + a), w);
   return BlockReduce(w, scratch);
 }
 
@@ -361,7 +431,10 @@ __device__ __forceinline__ void FoldPieces(const uint4* sm, int n, uint64_t* bar
 // thread), the next nsm in shared memory at sm (bulk copies of kBulkPiece, one mbarrier each in
 // bars), the rest streamed from global memory (read again for the output). RegsOnly: the caller
 // guarantees n <= blockDim.x x VPT, and the other paths are not compiled (fewer registers).
-template <typename T, int W, int VPT, bool RegsOnly = false>
+// E: the row is not 16-byte aligned (RowEdges); src / dst are its vectors' part, and the block
+// that owns the edges (SetEdges) folds one head / tail element per thread into its reduction and
+// writes it with the output.
+template <typename T, int W, int VPT, bool RegsOnly = false, bool E = false>
 struct ChunkPart {
   using R = typename Pack<T, W>::Raw;
   const R* src;
@@ -370,6 +443,18 @@ struct ChunkPart {
   const R* sm;
   uint64_t* bars;
   R v[VPT];
+  T* edge_out = nullptr;  // E: this thread's edge element's output, if it has one
+  const T* edge_in = nullptr;
+  T edge_raw;
+
+  __device__ __forceinline__ void SetEdges(const T* irow, T* orow, const RowEdges& g, bool owner) {
+    const int t = threadIdx.x;
+    if (owner && t < g.edges()) {
+      const int64_t i = EdgeIndex<T>(g, t);
+      edge_in = irow + i;
+      edge_out = orow + i;
+    }
+  }
 
   __device__ __forceinline__ ChunkPart(const R* src_, R* dst_, int n_, int smem_acc, uint4* smem, uint64_t* bars_)
       : src(src_), dst(dst_), n(n_), sm(reinterpret_cast<const R*>(smem)), bars(bars_) {
@@ -385,6 +470,9 @@ struct ChunkPart {
       const int a = t + j * nt;
       if (a < nreg) v[j] = LoadHint(cs, src + a);
     }
+    if constexpr (E) {
+      if (edge_in != nullptr) edge_raw = LoadHint(cs, edge_in);
+    }
     if constexpr (Pack<T, W>::kVec && !RegsOnly) {
       if (nsm > 0 && t == 0) {
         for (int p = 0; p < PiecesOf(nsm); ++p) MbarInit(&bars[p], 1);
@@ -397,6 +485,9 @@ struct ChunkPart {
   __device__ __forceinline__ MaxSum Reduce(bool fma) const {
     const int t = threadIdx.x, nt = blockDim.x;
     MaxSum st{-INFINITY, 0.f};
+    if constexpr (E) {
+      if (edge_in != nullptr) AccumulateOnline<T, 1>(edge_raw, st);
+    }
     if constexpr (!RegsOnly) StreamOnline<T, W>(src, nreg + nsm + t, n, nt, st);
     float m = st.m;
 #pragma unroll
@@ -422,6 +513,9 @@ struct ChunkPart {
       for (int j = 0; j < VPT; ++j) {
         const int a = t + j * nt;
         if (a < nreg) StoreHint(cs, dst + a, Output<T, W>(v[j], ex));
+      }
+      if constexpr (E) {
+        if (edge_out != nullptr) StoreHint(cs, edge_out, FromFloat<T>(ex(ToFloat<T>(edge_raw))));
       }
       if constexpr (!RegsOnly) {
         if constexpr (Pack<T, W>::kVec) {
@@ -453,10 +547,12 @@ __device__ __forceinline__ void PrefetchRowAhead(const R* in, int nacc, int ahea
 
 // grid.x = rows * csize (rows * sp.blocks when split); cluster (csize, 1, 1) when csize > 1.
 // smem_acc: accesses of the chunk held in dynamic shared memory (vector path only).
-template <typename T, int W, int VPT>
+// E: rows not 16-byte aligned (RowEdges; cols used only then): the chunks are of the row's vectors,
+// and block 0 of the row also does its head and tail.
+template <typename T, int W, int VPT, bool E = false>
 __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* in, T* out, int nacc, int chunk,
                                                                        int csize, int smem_acc, bool cs,
-                                                                       bool fma, Split sp, int ahead) {
+                                                                       bool fma, Split sp, int ahead, int64_t cols) {
   using R = typename Pack<T, W>::Raw;
   extern __shared__ __align__(128) uint4 row_smem[];
   __shared__ MaxSum scratch[33];
@@ -470,9 +566,23 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
   const int64_t row = blockIdx.x / per_row;
   const int a0 = rank * chunk;
   const int t = threadIdx.x;
-  const int64_t off = row * nacc + a0;
-  ChunkPart<T, W, VPT> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off,
-                            max(0, min(nacc - a0, chunk)), smem_acc, row_smem, bars);
+  // The row's vectors (nv of them) in and out.
+  auto body_of = [&](int64_t r, int& nv, RowEdges& g) -> int64_t {  // element offset of vector 0
+    if constexpr (E) {
+      g = EdgesOf(in + r * cols, cols);
+      nv = g.nvec;
+      return r * cols + g.head;
+    } else {
+      nv = nacc;
+      return r * nacc * W;
+    }
+  };
+  int nv;
+  RowEdges g{0, 0, 0};
+  const int64_t body = body_of(row, nv, g);
+  ChunkPart<T, W, VPT, false, E> part(reinterpret_cast<const R*>(in + body) + a0, reinterpret_cast<R*>(out + body) + a0,
+                                      max(0, min(nv - a0, chunk)), smem_acc, row_smem, bars);
+  if constexpr (E) part.SetEdges(in + row * cols, out + row * cols, g, rank == 0);
 
   // 1. Issue every load: registers, the bulk copy into shared memory (the rest is streamed).
   part.Issue(cs);
@@ -482,7 +592,10 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     if (ahead > 0 && t == 0 && blockIdx.x + static_cast<int64_t>(ahead) < gridDim.x) {
       const int64_t fb = blockIdx.x + static_cast<int64_t>(ahead);
       const int fa0 = static_cast<int>(fb % per_row) * chunk;
-      PrefetchL2(reinterpret_cast<const R*>(in) + (fb / per_row) * nacc + fa0, max(0, min(nacc - fa0, chunk)));
+      int fnv;
+      RowEdges fg;
+      const int64_t fbody = body_of(fb / per_row, fnv, fg);
+      PrefetchL2(reinterpret_cast<const R*>(in + fbody) + fa0, max(0, min(fnv - fa0, chunk)));
     }
     __syncthreads();  // the mbarriers are initialised before anyone waits on them
   }
@@ -509,7 +622,7 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxChunkKernel(const T* 
     tot = cluster_result;
   } else if (split) {
     if (t == 0) SplitPublish(sp, row, rank, tot);
-    tot = SplitCombine<T, W>(sp, row, in, nacc, scratch, &cluster_result, &all_arrived);
+    tot = SplitCombine<T, W, E>(sp, row, in, nacc, cols, scratch, &cluster_result, &all_arrived);
   }
 
   // 4. Output pass.
@@ -531,14 +644,31 @@ constexpr int kPrefetchMinWaves = 12;  // the automatic row-block prefetch: rows
 template <int MaxT>
 constexpr int RowBlockMinBlocks() { return MaxT > kRowBlockThreads ? 3 : 5; }
 
-template <typename T, int W, int VPT, int MaxT = kRowBlockThreads, bool Prefetch = false>
+// E: rows not 16-byte aligned (RowEdges; cols used only then).
+template <typename T, int W, int VPT, int MaxT = kRowBlockThreads, bool Prefetch = false, bool E = false>
 __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlockKernel(const T* in, T* out,
-                                                                                          int nacc, int ahead) {
+                                                                                          int nacc, int ahead,
+                                                                                          int64_t cols) {
   using R = typename Pack<T, W>::Raw;
   __shared__ MaxSum scratch[33];
-  const int64_t off = static_cast<int64_t>(blockIdx.x) * nacc;
-  ChunkPart<T, W, VPT, true> part(reinterpret_cast<const R*>(in) + off, reinterpret_cast<R*>(out) + off, nacc, 0,
-                                  nullptr, nullptr);
+  static_assert(!(E && Prefetch), "no prefetching form for edge rows");
+  int64_t off;  // element offset of the row's first vector
+  int nv;
+  RowEdges g{0, 0, 0};
+  if constexpr (E) {
+    g = EdgesOf(in + static_cast<int64_t>(blockIdx.x) * cols, cols);
+    off = static_cast<int64_t>(blockIdx.x) * cols + g.head;
+    nv = g.nvec;
+  } else {
+    off = static_cast<int64_t>(blockIdx.x) * nacc * W;
+    nv = nacc;
+  }
+  ChunkPart<T, W, VPT, true, E> part(reinterpret_cast<const R*>(in + off), reinterpret_cast<R*>(out + off), nv, 0,
+                                     nullptr, nullptr);
+  if constexpr (E) {
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * cols;
+    part.SetEdges(in + r0, out + r0, g, true);
+  }
   part.Issue(false);
   if constexpr (Prefetch) PrefetchRowAhead(reinterpret_cast<const R*>(in), nacc, ahead);
   const MaxSum tot = BlockReduce(part.Reduce(true), scratch);
@@ -552,7 +682,8 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowBlo
 // special values need no partial-state rules (as the short-row KeepExp kernel).
 template <typename T, int W, int VPT, int MaxT = kRowBlockThreads, bool Prefetch = false>
 __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExactKernel(const T* in, T* out,
-                                                                                          int nacc, int ahead) {
+                                                                                          int nacc, int ahead,
+                                                                                          int64_t /*cols*/) {
   using R = typename Pack<T, W>::Raw;
   static_assert(W > 1 && VPT * W <= 32, "the row's values are held as floats");
   __shared__ float slots[2][MaxT / 32];
@@ -724,7 +855,8 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 // ------------------------------------------------------------------------------ host side
 enum class Kind { kRows, kRowBlock, kChunk, kPipe };
 struct Plan {
-  bool vec = false;
+  bool vec = false;    // 16-byte aligned rows of whole vectors
+  bool edges = false;  // other rows, in and out at the same offset modulo 16: head / vectors / tail
   Kind kind = Kind::kRows;
   int nacc = 0;
   int tpr = 0, vpt = 0;                      // short rows
@@ -824,22 +956,25 @@ decltype(auto) WithVpt(int vpt, F&& f) {
 int RowBlockMaxThreads(int vpt) { return vpt <= 4 ? kRowBlockWideThreads : kRowBlockThreads; }
 // The row-block kernel for (vpt, threads); with `prefetch`, its prefetching form, which only
 // 512-thread vector kernels have (nullptr otherwise).
-template <typename T, int W, int VPT>
+template <typename T, int W, int VPT, bool E>
 const void* RowBlockKernelPtrV(int threads, bool prefetch) {
+  if constexpr (E) {  // no prefetching form
+    if (prefetch) return nullptr;
+  }
   if constexpr (VPT <= 4) {
     if (threads > kRowBlockThreads && prefetch) {
-      if constexpr (Pack<T, W>::kVec) {
+      if constexpr (Pack<T, W>::kVec && !E) {
         return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads, true>);
       }
     } else if (threads > kRowBlockThreads) {
-      return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads>);
+      return reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockWideThreads, false, E>);
     }
   }
-  return prefetch ? nullptr : reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT>);
+  return prefetch ? nullptr : reinterpret_cast<const void*>(SoftmaxRowBlockKernel<T, W, VPT, kRowBlockThreads, false, E>);
 }
-template <typename T, int W>
+template <typename T, int W, bool E = false>
 const void* RowBlockKernelPtr(int vpt, int threads, bool prefetch) {
-  return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v()>(threads, prefetch); });
+  return WithVpt(vpt, [&](auto v) { return RowBlockKernelPtrV<T, W, v(), E>(threads, prefetch); });
 }
 // The exact row-block kernel: <= 32 floats per thread, <= 16 in 512-thread blocks (their 40
 // registers spill 32); its prefetching form in 512-thread blocks only; nullptr for any other.
@@ -863,9 +998,9 @@ const void* RowExactKernelPtr(int vpt, int threads, bool prefetch) {
     }
   });
 }
-template <typename T, int W>
+template <typename T, int W, bool E = false>
 const void* ChunkKernelPtr(int vpt) {
-  return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, v()>); });
+  return WithVpt(vpt, [](auto v) { return reinterpret_cast<const void*>(SoftmaxChunkKernel<T, W, v(), E>); });
 }
 template <typename T>
 const void* PipeKernelPtr(int vpt) {
@@ -877,7 +1012,7 @@ const void* PipeKernelPtr(int vpt) {
 // per row and the per-lane counts whose values fit as floats (KeepExp, the default hints); nullptr
 // for any other.
 template <typename T>
-using SmallKernelFn = void (*)(const T*, T*, int64_t, int, int, bool, bool);
+using SmallKernelFn = void (*)(const T*, T*, int64_t, int, int, bool, bool, int64_t);
 template <typename T, int W>
 SmallKernelFn<T> SmallExactKernel(int tpr, int per) {
   auto with_tpr = [&](auto vpt) -> SmallKernelFn<T> {
@@ -916,15 +1051,22 @@ int64_t BlockCap(bool vec) { return static_cast<int64_t>(kChunkMaxThreads) * 8 +
 // Blocks per row the split path wants (1 = none): as forced, or, automatically, for vector rows
 // that need 8 or more on-chip blocks, rather than a cluster of 16, which only 7 at a time fit on
 // the H200 (112 SMs): 128 KiB per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM).
-// 128x1048576: fp32 +14%, bf16 +11% over the cluster. Arithmetic only: the workspace query
+// 128x1048576: fp32 +14%, bf16 +11% over the cluster. Rows of 16384+ accesses too few to give
+// every SM a block (rows x blocks < 132; e.g. 1-8 rows of 10^6 columns) are split further, into
+// blocks of >= 2048 accesses (in registers), two per SM. Arithmetic only: the workspace query
 // (SoftmaxWorkspaceBytes, on the server's sizing path) uses it without touching the device.
 template <typename T>
-int SplitWanted(const KernelChoice& k, int nacc, bool vec) {
+int SplitWanted(const KernelChoice& k, int64_t rows, int nacc, bool vec) {
   if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) return 1;  // short-row kernel
   if (k.split != 0) return std::max(1, k.split);
   if (k.cluster != 0 || k.pipeline > 0 || !vec) return 1;
-  if (Pow2Ceil(CeilDiv(nacc, BlockCap(vec))) < 8) return 1;
-  return static_cast<int>(std::min<int64_t>(kMaxSplit, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096)));
+  const int need = Pow2Ceil(CeilDiv(nacc, BlockCap(vec)));
+  int64_t split = need < 8 ? 1 : std::min<int64_t>(64, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096));
+  if (nacc >= 16384 && rows * std::max<int64_t>(split, need) < kFillBlocks / 2) {
+    split = std::max(split, std::min(CeilDiv(kFillBlocks, rows), CeilDiv(nacc, 2048)));
+  }
+  split = std::min<int64_t>(kMaxSplit, split);
+  return split > need || need >= 8 ? static_cast<int>(split) : 1;
 }
 
 
@@ -933,19 +1075,27 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
                      size_t ws_bytes, Plan* p) {
   constexpr int W = 16 / sizeof(T);
   p->vec = cols % W == 0 && Aligned16(in) && Aligned16(out);
-  const int64_t nacc64 = p->vec ? cols / W : cols;
+  // Other rows whose in and out share their offset modulo 16: vectors between a scalar head and
+  // tail, except where a short-row choice forces fewer than W lanes per row (the kernel's two
+  // edge elements per lane need W).
+  auto short_rows = [&](int64_t n) { return k.long_rows < 0 || (k.long_rows == 0 && n <= 512); };
+  p->edges = !p->vec && EdgesOk<T>(in, out) &&
+             !(short_rows(cols / W) && k.threads_per_row != 0 && k.threads_per_row < W);
+  const bool body = p->vec || p->edges;  // 16-byte vectors
+  const int64_t nacc64 = body ? cols / W : cols;
   if (nacc64 > kMaxRowAccesses) return cudaErrorInvalidValue;
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   p->fma = k.exp_fma >= 0;
   const int nacc = p->nacc;
-  if (k.long_rows < 0 || (k.long_rows == 0 && nacc <= 512)) {
+  if (short_rows(nacc)) {
     p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
     if (p->vpt != 4 && p->vpt != 8 && p->vpt != 16) return cudaErrorInvalidValue;
     // fp32 rows of <= 64 accesses: 2 accesses per lane (measured faster than 4 for 128 columns).
     const int per_lane = sizeof(T) == 4 && nacc <= 64 && !k.vectors_per_thread ? 2 : p->vpt;
     p->tpr = k.threads_per_row ? k.threads_per_row : std::min(32, Pow2Ceil(CeilDiv(nacc, per_lane)));
+    if (p->edges) p->tpr = std::max(p->tpr, W);
     if (p->tpr < 1 || p->tpr > 32 || (p->tpr & (p->tpr - 1)) != 0) return cudaErrorInvalidValue;
     if (static_cast<int64_t>(p->tpr) * p->vpt < nacc) return cudaErrorInvalidValue;
     // A warp per row: one-warp blocks (as torch.compile), fp32 65536x1024 +1.6-2%.
@@ -956,7 +1106,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     }
     // One exp per element wherever the row's values fit in registers (VPT x W <= 32 floats): bf16
     // 262144x128 +4%, 65536x1024 +1.7%, fp32 within +-1% (in-process A/B).
-    const int per_access = p->vec ? W : 1;
+    const int per_access = body ? W : 1;
     const bool fits = p->vpt * per_access <= 32;
     p->exp_once = k.exp_once == 0 ? fits : k.exp_once > 0;
     if (p->exp_once && !fits) return cudaErrorInvalidValue;
@@ -979,12 +1129,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
       k.prefetch < -1 || k.prefetch > 8) {
     return cudaErrorInvalidValue;
   }
-  const int64_t cap = BlockCap(p->vec);
+  const int64_t cap = BlockCap(body);
   const int need_c = Pow2Ceil(CeilDiv(nacc, cap));  // blocks that hold the row on chip
   // The split path where the caller gives the workspace (else clusters): automatically with 256
   // threads x 8 accesses in registers and the rest in shared memory; blocks also prefetch
   // into L2 the chunk a quarter of the resident blocks ahead.
-  const int want = SplitWanted<T>(k, nacc, p->vec);
+  const int want = SplitWanted<T>(k, rows, nacc, body);
   const bool auto_split = k.split == 0 && want > 1 && SplitBytes(rows, want) <= ws_bytes;
   const int split = k.split > 1 ? k.split : auto_split ? want : 1;
   if (SplitBytes(rows, split) > ws_bytes) return cudaErrorInvalidValue;
@@ -994,11 +1144,14 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const bool huge = CeilDiv(nacc, cap) > 4;
   int vpt = k.vectors_per_thread ? k.vectors_per_thread
             : auto_split         ? 8
-            : (huge && sizeof(T) == 4 && p->vec) ? 4
+            : (huge && sizeof(T) == 4 && body) ? 4
                                                  : 8;
   if (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
   if (pipe && vpt != 4 && vpt != 8) return cudaErrorInvalidValue;
-  const void* kernel = pipe ? PipeKernelPtr<T>(vpt) : p->vec ? ChunkKernelPtr<T, W>(vpt) : ChunkKernelPtr<T, 1>(vpt);
+  const void* kernel = pipe       ? PipeKernelPtr<T>(vpt)
+                       : p->vec   ? ChunkKernelPtr<T, W>(vpt)
+                       : p->edges ? ChunkKernelPtr<T, W, true>(vpt)
+                                  : ChunkKernelPtr<T, 1>(vpt);
   const int max_c = PrepareKernel(kernel) ? 16 : 8;
   const int auto_c = need_c >= 8 ? max_c : need_c;  // from 8 up, the largest the device runs
   int csize, threads, smem_acc = 0;
@@ -1015,7 +1168,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   if (csize > max_c) return cudaErrorInvalidValue;
   const int64_t chunk = CeilDiv(nacc, csize * split);
   const int64_t rest = std::max<int64_t>(0, chunk - static_cast<int64_t>(threads) * vpt);
-  if (p->vec) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
+  if (body) {  // shared memory for what the registers do not hold (auto), as forced, or none (-1)
     const int limit = k.smem_bytes > 0 ? std::min(k.smem_bytes, kBigSmemBytes) / 16
                       : k.smem_bytes < 0 ? 0
                                          : kBigSmemBytes / 16;
@@ -1025,7 +1178,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   p->kind = pipe ? Kind::kPipe : Kind::kChunk;
   p->split = split;
   // L2 prefetch distance in quarters of the blocks resident at once (vector rows, one-shot kernels).
-  const int prefetch = p->vec && !pipe ? (k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0) : 0;
+  const int prefetch = body && !pipe ? (k.prefetch != 0 ? std::max(0, k.prefetch) : auto_split ? 1 : 0) : 0;
   int quarters = prefetch;  // the launched kernel's
   p->split_wait_ns = k.split_wait_us < 0 ? 0u : k.split_wait_us > 0 ? k.split_wait_us * 1000u : kSplitWaitNs;
   // A row in the registers of one block (<= 256 threads, or 512 with <= 4 accesses each) and
@@ -1036,7 +1189,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     int lvpt = vpt, lthreads = threads;
     // 4-byte rows of 1025-2048 accesses (fp32 8192 columns): 512 threads x 4 (39 registers, 3
     // blocks per SM, 75%) rather than 256 x 8 (48, 5 blocks, 62.5%): +0.3%.
-    if (sizeof(T) == 4 && p->vec && !k.vectors_per_thread && !k.threads && chunk > 1024) {
+    if (sizeof(T) == 4 && body && !k.vectors_per_thread && !k.threads && chunk > 1024) {
       lvpt = 4;
       lthreads = RoundUp32(CeilDiv(chunk, lvpt));
     }
@@ -1064,8 +1217,9 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
         p->vec && chunk == int64_t{lthreads} * lvpt ? RowExactKernelPtr<T, W>(lvpt, lthreads, pf) : nullptr;
     const bool exp_once = exact != nullptr && (k.exp_once > 0 || (k.exp_once == 0 && sizeof(T) == 2));
     const void* lean = exp_once ? exact
-                       : p->vec ? RowBlockKernelPtr<T, W>(lvpt, lthreads, pf)
-                                : RowBlockKernelPtr<T, 1>(lvpt, lthreads, pf);
+                       : p->vec   ? RowBlockKernelPtr<T, W>(lvpt, lthreads, pf)
+                       : p->edges ? RowBlockKernelPtr<T, W, true>(lvpt, lthreads, pf)
+                                  : RowBlockKernelPtr<T, 1>(lvpt, lthreads, pf);
     if (lean != nullptr) {
       p->kind = Kind::kRowBlock;
       p->exp_once = exp_once;
@@ -1107,24 +1261,25 @@ cudaError_t SetUpSplit(const Plan& p, int64_t rows, void* ws, cudaStream_t s, Sp
 
 // The row-block kernel MakePlan chose (p.kernel: its VPT and block size).
 template <typename T>
-cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t rows, cudaStream_t s) {
+cudaError_t LaunchRowBlock(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s) {
   const T* i = static_cast<const T*>(in);
   T* o = static_cast<T*>(out);
   int nacc = p.nacc, ahead = p.ahead;
-  void* args[] = {&i, &o, &nacc, &ahead};
+  void* args[] = {&i, &o, &nacc, &ahead, &cols};
   const cudaError_t e = cudaLaunchKernel(p.kernel, dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
-template <typename T, int W, int VPT>
-cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
+template <typename T, int W, int VPT, bool E>
+cudaError_t LaunchChunk(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, void* ws,
+                        cudaStream_t s) {
   cudaLaunchAttribute attr[1];
   const cudaLaunchConfig_t cfg = ClusterConfig(p, static_cast<unsigned>(rows * p.csize * p.split), s, attr);
   Split sp;
   if (const cudaError_t z = SetUpSplit(p, rows, ws, s, &sp); z != cudaSuccess) return z;
   const cudaError_t e =
-      cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT>, static_cast<const T*>(in), static_cast<T*>(out),
-                         p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead);
+      cudaLaunchKernelEx(&cfg, SoftmaxChunkKernel<T, W, VPT, E>, static_cast<const T*>(in), static_cast<T*>(out),
+                         p.nacc, p.chunk, p.csize, p.smem_acc, p.cs, p.fma, sp, p.ahead, cols);
   if (e != cudaSuccess) return e;
   return cudaGetLastError();
 }
@@ -1140,8 +1295,9 @@ cudaError_t LaunchPipe(const Plan& p, const void* in, void* out, int64_t rows, c
   return cudaGetLastError();
 }
 
-template <typename T, int W>
-cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, void* ws, cudaStream_t s) {
+template <typename T, int W, bool E = false>
+cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, void* ws,
+                        cudaStream_t s) {
   if (p.kind == Kind::kRows) {
     const int rows_per_block = p.threads / p.tpr;
     const int64_t blocks = CeilDiv(rows, rows_per_block);
@@ -1150,8 +1306,11 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     T* o = static_cast<T*>(out);
     const unsigned g = static_cast<unsigned>(blocks);
     if (p.exact) {
-      SmallExactKernel<T, W>(p.tpr, p.vpt)<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
-      return cudaGetLastError();
+      if constexpr (!E) {
+        SmallExactKernel<T, W>(p.tpr, p.vpt)<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma, cols);
+        return cudaGetLastError();
+      }
+      return cudaErrorInvalidValue;  // MakePlan never takes it for edge rows
     }
     // The compile-time-hint kernel for 2-byte types and warp-per-row fp32 rows, the run-time one
     // for other fp32 rows (in-process A/B, run-time vs compile-time hints: fp32 262144x128 4135 vs
@@ -1161,7 +1320,16 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
     auto launch = [&](auto vpt, auto keep) {
       constexpr int VPT = decltype(vpt)::value;
       constexpr bool Keep = decltype(keep)::value;
-      if constexpr (!Keep || VPT * W <= 32) {
+      if constexpr (E) {  // lanes per row at run time
+        if constexpr (!Keep || VPT * W <= 32) {
+          auto kernel = defaults ? SoftmaxSmallKernel<T, W, VPT, Keep, true, 0, false, true>
+                                 : SoftmaxSmallKernel<T, W, VPT, Keep, false, 0, false, true>;
+          kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma, cols);
+          return cudaGetLastError();
+        } else {
+          return cudaErrorInvalidValue;
+        }
+      } else if constexpr (!Keep || VPT * W <= 32) {
         auto kernel = SoftmaxSmallKernel<T, W, VPT, Keep, false>;
         if (defaults) {
           kernel = SoftmaxSmallKernel<T, W, VPT, Keep, true>;
@@ -1174,7 +1342,7 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
             }
           }
         }
-        kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma);
+        kernel<<<g, p.threads, 0, s>>>(i, o, rows, p.nacc, p.tpr, p.cs, p.fma, cols);
         return cudaGetLastError();
       } else {
         return cudaErrorInvalidValue;  // not built (MakePlan never asks for it)
@@ -1189,13 +1357,13 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
       default: return with_keep(std::integral_constant<int, 16>{});
     }
   }
-  if constexpr (W > 1) {
+  if constexpr (W > 1 && !E) {
     if (p.kind == Kind::kPipe) {
       return p.vpt == 8 ? LaunchPipe<T, 8>(p, in, out, rows, s) : LaunchPipe<T, 4>(p, in, out, rows, s);
     }
   }
-  if (p.kind == Kind::kRowBlock) return LaunchRowBlock<T>(p, in, out, rows, s);
-  return WithVpt(p.vpt, [&](auto v) { return LaunchChunk<T, W, v()>(p, in, out, rows, ws, s); });
+  if (p.kind == Kind::kRowBlock) return LaunchRowBlock<T>(p, in, out, rows, cols, s);
+  return WithVpt(p.vpt, [&](auto v) { return LaunchChunk<T, W, v(), E>(p, in, out, rows, cols, ws, s); });
 }
 
 template <typename T>
@@ -1204,17 +1372,20 @@ cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int
   Plan p;
   const cudaError_t e = MakePlan<T>(k, in, out, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
-  return p.vec ? LaunchPlanW<T, 16 / sizeof(T)>(p, in, out, rows, ws.ptr, s)
-               : LaunchPlanW<T, 1>(p, in, out, rows, ws.ptr, s);
+  constexpr int W = 16 / sizeof(T);
+  if (p.vec) return LaunchPlanW<T, W>(p, in, out, rows, cols, ws.ptr, s);
+  if (p.edges) return LaunchPlanW<T, W, true>(p, in, out, rows, cols, ws.ptr, s);
+  return LaunchPlanW<T, 1>(p, in, out, rows, cols, ws.ptr, s);
 }
 
 template <typename T>
 size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
-  constexpr int W = 16 / sizeof(T);  // as aligned pointers would have it
-  const bool vec = cols % W == 0;
-  const int64_t nacc = vec ? cols / W : cols;
+  // As in and out at the same offset modulo 16 bytes have it (pool memory): vectors, with a scalar
+  // head and tail where the rows are not aligned.
+  constexpr int W = 16 / sizeof(T);
+  const int64_t nacc = cols / W;
   if (nacc > kMaxRowAccesses) return 0;
-  return SplitBytes(rows, SplitWanted<T>(k, static_cast<int>(nacc), vec));
+  return SplitBytes(rows, SplitWanted<T>(k, rows, static_cast<int>(nacc), true));
 }
 
 }  // namespace
@@ -1263,7 +1434,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kRows) {
-    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s%s", p.vec ? "vec" : "scalar", p.tpr, p.vpt,
+    std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s%s", p.vec ? "vec" : p.edges ? "edges" : "scalar", p.tpr, p.vpt,
                   p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "", p.exact ? " exact" : "");
   } else {
     // Clusters the device holds at once (pipelined: launched), e.g. 7 of 16 blocks on the H200.
@@ -1278,7 +1449,7 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     }
     if (p.ahead > 0) clusters += " ahead=" + std::to_string(p.ahead);
     const char* name = p.kind == Kind::kPipe ? "pipe" : p.kind == Kind::kRowBlock ? "rowblock" : "chunk";
-    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s%s", name, p.vec ? "vec" : "scalar", p.csize,
+    std::snprintf(buf, len, "softmax/%s %s c=%d t=%d v=%d smem=%d %s%s%s", name, p.vec ? "vec" : p.edges ? "edges" : "scalar", p.csize,
                   p.threads, p.vpt, p.smem_acc * 16, p.cs ? "cs" : "plain", clusters.c_str(),
                   p.exp_once ? " exact" : "");
   }

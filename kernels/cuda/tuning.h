@@ -42,9 +42,11 @@ namespace fusebox::cuda {
 //                     short-row softmax: 1 = the exact form (rows of exactly threads_per_row x 2,
 //                     4 or 8 accesses, <= 32 floats per lane, default hints), -1 = bounds-checked
 //   streaming         1 = streaming cache hints (.cs loads/stores), -1 = plain loads/stores
-//   split             long-row softmax: blocks per row (2..64) that combine in the workspace
+//   split             long-row softmax: blocks per row (2..128) that combine in the workspace
 //                     instead of a cluster (not with cluster > 1 or pipeline); 0 = automatic
-//                     (rows that would take a cluster of 8+, when the workspace suffices)
+//                     (rows that would take a cluster of 8+, or too few rows to fill the GPU,
+//                     when the workspace suffices); 1 = never. Long-row row sum: blocks per row
+//                     (2..4096) whose partial sums meet in the workspace, the same 0 / 1
 //   split_wait_us     split: how long a block waits for its row-mates before reading the row
 //                     itself (0 = 1000 us; -1 = do not wait; tests use it for that path)
 //   exp_fma           softmax: 1 / 0 = e^(x - max) as one FFMA where |max| <= 32, 1/sum folded
@@ -87,7 +89,8 @@ cudaError_t LaunchSoftmaxWith(const KernelChoice& k, DType dt, const void* in, v
 // SoftmaxWorkspaceBytes(dt, rows, cols) is this with KernelChoice{}.
 size_t SoftmaxWorkspaceBytesWith(const KernelChoice& k, DType dt, int64_t rows, int64_t cols);
 cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, float* out,
-                             int64_t rows, int64_t cols, cudaStream_t s);
+                             int64_t rows, int64_t cols, cudaStream_t s, Workspace ws = {});
+size_t RowSumWorkspaceBytesWith(const KernelChoice& k, DType dt, int64_t rows, int64_t cols);
 
 // Describes what the choice `k` (KernelChoice{}: the automatic one) would launch for a shape, for
 // the benchmarks' records and the tests that pin the automatic choice, e.g.
@@ -95,6 +98,6 @@ cudaError_t LaunchRowSumWith(const KernelChoice& k, DType dt, const void* in, fl
 void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, int64_t cols,
                      const KernelChoice& k, char* buf, int len, size_t workspace_bytes = 0);
 void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const KernelChoice& k,
-                    char* buf, int len);
+                    char* buf, int len, size_t workspace_bytes = 0);
 
 }  // namespace fusebox::cuda

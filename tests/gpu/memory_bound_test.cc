@@ -198,7 +198,8 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
   }
 
   void CheckRowSum(int64_t rows, int64_t cols, Offsets off, const KernelChoice& k, float lo = -1.f,
-                   float hi = 1.f, const std::function<void(std::vector<uint8_t>&)>& edit = nullptr) {
+                   float hi = 1.f, const std::function<void(std::vector<uint8_t>&)>& edit = nullptr,
+                   bool workspace = true) {
     const DType dt = GetParam();
     const size_t es = ElementSize(dt);
     const uint64_t seed = FreshSeed();
@@ -206,13 +207,20 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
     if (edit) edit(in);
     const std::vector<double> want = ref::RowSum(dt, in.data(), rows, cols);
     std::vector<uint8_t> out;
+    // The workspace the choice asks for, full of garbage (the launcher needs nothing set in it).
+    const size_t ws_bytes = workspace ? cuda::RowSumWorkspaceBytesWith(k, dt, rows, cols) : 0;
+    DeviceBuffer ws(ws_bytes);
+    ASSERT_EQ(ws.status(), cudaSuccess);
+    ASSERT_EQ(cudaMemset(ws.get(), 0x5A, ws_bytes), cudaSuccess);
     char desc[128];
     cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard + off.in_elems * es), rows, cols, k, desc,
-                         sizeof desc);
+                         sizeof desc, ws_bytes);
+    if (!workspace) std::strncat(desc, " (no workspace)", sizeof desc - std::strlen(desc) - 1);
     const std::string where = Where(dt, rows, cols, off.in_elems * es, off.out_elems * 4, seed, desc);
     ASSERT_TRUE(RunOp(in, off.in_elems * es, rows * sizeof(float), off.out_elems * sizeof(float),
                       [&](const void* i, void* o) {
-                        return cuda::LaunchRowSumWith(k, dt, i, static_cast<float*>(o), rows, cols, nullptr);
+                        return cuda::LaunchRowSumWith(k, dt, i, static_cast<float*>(o), rows, cols, nullptr,
+                                                      {ws.get(), ws_bytes});
                       },
                       &out))
         << where;
@@ -386,7 +394,7 @@ TEST_P(MemoryBound, SoftmaxSplitRows) {
   EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr, {b.get(), need - 1}),
             cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr), cudaErrorInvalidValue);
-  k.split = 65;
+  k.split = 129;
   EXPECT_EQ(cuda::LaunchSoftmaxWith(k, dt, b.get(), b.get() + (1 << 19), 2, 65536, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
@@ -851,6 +859,137 @@ TEST_P(MemoryBound, InvalidArguments) {
             cudaErrorInvalidValue);  // lanes per row not a power of two
   EXPECT_EQ(cuda::LaunchGelu(dt, b.get(), b.get(), 0, nullptr), cudaSuccess);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Every alignment of a row's start: input and output pointers offset by 0-15 bytes (in element
+// steps: 4 for float32, 2 for the half types), with the same offset (vectors between a scalar head
+// and tail) and with different ones (softmax's scalar path), on row lengths that make every row
+// start at another offset (odd lengths and primes) and on aligned ones; short rows, rows of one
+// block, clusters, split rows; GeLU on odd lengths at every offset.
+TEST_P(MemoryBound, EveryAlignmentOffset) {
+  const DType dt = GetParam();
+  const int64_t es = static_cast<int64_t>(ElementSize(dt));
+  const RowShape shapes[] = {{37, 1}, {37, 3}, {29, 8}, {33, 33}, {17, 64}, {65, 333},  {9, 1000},
+                             {7, 1024}, {5, 4099}, {3, 50257}, {2, 100003}};
+  for (int64_t k = 0; k < 16 / es; ++k) {
+    const size_t e = static_cast<size_t>(k);
+    for (const RowShape& s : shapes) {
+      if (SmallMode() && s.cols > 5000 && k % 3 != 1) continue;
+      SCOPED_TRACE(::testing::Message() << "offset " << k * es << " bytes, " << s.rows << "x" << s.cols);
+      CheckSoftmax(s.rows, s.cols, {e, e}, KernelChoice{});
+      CheckRowSum(s.rows, s.cols, {e, e}, KernelChoice{});
+      if (k == 1 || k == 2) CheckSoftmax(s.rows, s.cols, {e, 0}, KernelChoice{});  // different offsets
+    }
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{15}, int64_t{1001}, int64_t{65537}, int64_t{1000003}}) {
+      if (SmallMode() && n > 100000) continue;
+      CheckGelu(n, {e, e}, /*specials=*/true);
+    }
+  }
+  // Special values in rows of every offset (odd length): -inf, NaN, +inf, huge.
+  const int64_t cols = 1001;
+  CheckSoftmax(7, cols, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+  CheckSoftmax(7, 50257, {0, 0}, KernelChoice{}, SpecialSoftmaxRows(dt, 50257));
+}
+
+// Few very long rows (1-8 rows of 10^6+ columns): split over many blocks given a workspace (the
+// row sum's partial sums, the softmax's (max, sum) pairs), clusters without; aligned and offset
+// starts; and the automatic plan that takes the split.
+TEST_P(MemoryBound, FewLongRows) {
+  const DType dt = GetParam();
+  struct Case {
+    int64_t rows, cols;
+  };
+  std::vector<Case> cases = {{1, 1000003}, {2, 1 << 20}, {3, 1000001}};
+  if (!SmallMode()) {
+    cases.push_back({7, 3000001});
+    cases.push_back({8, 1000000});
+    cases.push_back({1, 4194304 + 5});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.rows << "x" << c.cols);
+    for (size_t off : {size_t{0}, size_t{1}}) {
+      CheckRowSum(c.rows, c.cols, {off, off}, KernelChoice{});
+      CheckSoftmax(c.rows, c.cols, {off, off}, KernelChoice{});
+    }
+    CheckRowSum(c.rows, c.cols, {0, 0}, KernelChoice{}, -1.f, 1.f, nullptr, /*workspace=*/false);
+    if (c.rows * c.cols <= 4 << 20) CheckSoftmax(c.rows, c.cols, {1, 1}, KernelChoice{}, nullptr, false);
+  }
+  CheckSoftmax(5, 1000003, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, 1000003));
+  auto edit = [&](std::vector<uint8_t>& in) {
+    StoreFromFloat(dt, in.data(), 1000003 / 2, kNaN);
+    StoreFromFloat(dt, in.data(), 1000003 + 5, kInf);
+  };
+  CheckRowSum(3, 1000003, {1, 1}, KernelChoice{}, -1.f, 1.f, edit);
+  // Forced splits of the row sum: a few, many; refused without the workspace.
+  for (int split : {2, 37, 300}) {
+    KernelChoice k;
+    k.split = split;
+    CheckRowSum(3, 1000003, {1, 1}, k);
+    CheckRowSum(2, 1 << 20, {0, 0}, k);
+  }
+  KernelChoice k;
+  k.split = 5;
+  DeviceBuffer b(1 << 20);
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get(), reinterpret_cast<float*>(b.get()), 2, 65536, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Tiny tensors: a few elements to a few KiB, odd shapes, every path that such shapes reach.
+TEST_P(MemoryBound, TinyTensors) {
+  const RowShape shapes[] = {{1, 1}, {1, 2}, {2, 3}, {3, 5}, {21, 1000}, {7, 129}, {5, 513}, {1, 4097}, {64, 17}};
+  for (const RowShape& s : shapes) {
+    for (size_t off : {size_t{0}, size_t{1}}) {
+      CheckSoftmax(s.rows, s.cols, {off, off}, KernelChoice{});
+      CheckRowSum(s.rows, s.cols, {off, off}, KernelChoice{});
+      CheckGelu(s.rows * s.cols, {off, off}, /*specials=*/false);
+    }
+  }
+}
+
+// Any rank: the launchers take rows x cols, the caller flattens a rank 1-4 shape to rows = the
+// product of all but the last dimension (1 for rank 1), cols = the last; GeLU takes the product.
+// Each shape against the reference computed on the flattened rows.
+TEST_P(MemoryBound, RanksOneToFourFlattened) {
+  const std::vector<std::vector<int64_t>> shapes = {
+      {100003}, {4096}, {3, 333}, {64, 1}, {1, 50257}, {3, 7, 1000}, {2, 5, 64}, {3, 5, 7, 1003}, {2, 3, 4, 64},
+      {1, 1, 1, 11008}};
+  for (const auto& dims : shapes) {
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+    const int64_t cols = dims.back();
+    SCOPED_TRACE(::testing::Message() << "rank " << dims.size() << ": " << rows << "x" << cols);
+    CheckSoftmax(rows, cols, {0, 0}, KernelChoice{});
+    CheckRowSum(rows, cols, {0, 0}, KernelChoice{});
+    CheckGelu(rows * cols, {0, 0}, /*specials=*/false);
+  }
+}
+
+// The automatic plans for the shapes these paths were built for (host code only, runs without a
+// GPU): odd row lengths take vectors with edges, few long rows take the split given a workspace.
+TEST(EveryShapePlan, EdgesAndSplits) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
+  const DType f16 = DType::kFloat16, bf16 = DType::kBFloat16, f32 = DType::kFloat32;
+  char desc[160];
+  cuda::DescribeSoftmax(f16, aligned, aligned, 4096, 50257, KernelChoice{}, desc, sizeof desc,
+                        cuda::SoftmaxWorkspaceBytes(f16, 4096, 50257));
+  EXPECT_NE(std::string(desc).find(" edges "), std::string::npos) << desc;
+  cuda::DescribeSoftmax(f32, aligned, aligned, 1000, 100003, KernelChoice{}, desc, sizeof desc, 0);
+  EXPECT_NE(std::string(desc).find(" edges "), std::string::npos) << desc;
+  cuda::DescribeSoftmax(f32, aligned, aligned, 3, 333, KernelChoice{}, desc, sizeof desc, 0);
+  EXPECT_EQ(std::string(desc).rfind("softmax/rows edges", 0), 0u) << desc;
+  EXPECT_GT(cuda::RowSumWorkspaceBytes(bf16, 7, 3000001), 0u);
+  cuda::DescribeRowSum(bf16, aligned, 7, 3000001, KernelChoice{}, desc, sizeof desc,
+                       cuda::RowSumWorkspaceBytes(bf16, 7, 3000001));
+  EXPECT_EQ(std::string(desc).rfind("rowsum/split edges", 0), 0u) << desc;
+  cuda::DescribeRowSum(f16, aligned, 100000, 333, KernelChoice{}, desc, sizeof desc, 0);
+  EXPECT_EQ(std::string(desc).rfind("rowsum/rows edges", 0), 0u) << desc;
+  EXPECT_EQ(cuda::RowSumWorkspaceBytes(f32, 65537, 64), 0u);
+  EXPECT_EQ(cuda::RowSumWorkspaceBytes(bf16, 8192, 8192), 0u);
+  const size_t ws = cuda::SoftmaxWorkspaceBytes(f32, 1, 1000000);
+  EXPECT_GT(ws, 64u * sizeof(uint64_t));  // more blocks than the 31 of 128 KiB
+  cuda::DescribeSoftmax(f32, aligned, aligned, 1, 1000000, KernelChoice{}, desc, sizeof desc, ws);
+  EXPECT_NE(std::string(desc).find("split="), std::string::npos) << desc;
 }
 
 // Every forced variant the benchmark times, on fewer rows.

@@ -31,7 +31,7 @@ declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
              $b/bench/gpu/libfusebox_memory_bound_capi.so
              bench/gpu/run_device.sh bench/gpu/memory_bound_peers.py bench/gpu/triton_peers.py bench/gpu/memory_bound_report.py
-             bench/gpu/interleaved_timer.py bench/gpu/paired_stats.py"
+             bench/gpu/interleaved_timer.py bench/gpu/paired_stats.py bench/gpu/sweep.py"
   [matmul]="$b/tests/gpu/fusebox_gpu_matmul_test $b/tests/gpu/fusebox_gpu_cuda_backend_test
             $b/server/libfusebox_cuda_backend.so $b/bench/gpu/matmul_bench $b/bench/gpu/libfusebox_matmul_capi.so
             bench/gpu/run_matmul.sh bench/gpu/matmul_torch.py bench/gpu/matmul_report.py

@@ -457,7 +457,7 @@ absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* c
       e = cuda::LaunchSoftmax(c.dtype, in[0], out, c.rows, c.cols, w.stream(), ws);
       break;
     case Op::kRowSum:
-      e = cuda::LaunchRowSum(c.dtype, in[0], static_cast<float*>(out), c.rows, c.cols, w.stream());
+      e = cuda::LaunchRowSum(c.dtype, in[0], static_cast<float*>(out), c.rows, c.cols, w.stream(), ws);
       break;
     case Op::kMatmulRelu: {
       cuda::MatmulArgs args;
@@ -516,6 +516,7 @@ absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
       s.in[0] = static_cast<size_t>(c.rows) * c.cols * es;
       s.out = c.op == Op::kRowSum ? static_cast<size_t>(c.rows) * sizeof(float) : s.in[0];
       if (c.op == Op::kSoftmax) s.workspace = cuda::SoftmaxWorkspaceBytes(c.dtype, c.rows, c.cols);
+      if (c.op == Op::kRowSum) s.workspace = cuda::RowSumWorkspaceBytes(c.dtype, c.rows, c.cols);
       break;
     case Op::kMatmulRelu:
       if (c.m < 0 || c.n < 0 || c.k < 0) return absl::InvalidArgumentError("negative shape");
