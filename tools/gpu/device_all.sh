@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 jobs=("$@")
 (( ${#jobs[@]} )) || jobs=(kernels matmul e2e)
-b=build-dev
+b=${BUILD_DIR:-build-dev}  # BUILD_DIR=build reuses the main build
 declare -A targets=(
   [kernels]="fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi"
   [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
