@@ -1,6 +1,7 @@
 // fp64 reference ops and comparison helpers (see reference.h).
 #include "tests/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -107,6 +108,19 @@ Comparison Compare(DType dt, const void* out, const std::vector<double>& ref, do
   if (den == 0) c.rel_error = std::sqrt(num);
   c.ok = c.first_bad < 0 && c.rel_error <= rel_tol;
   return c;
+}
+
+double RowSumTolerance(DType dt, const void* in, int64_t rows, int64_t cols,
+                       const std::vector<double>& want) {
+  double abs_norm = 0, ref_norm = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double a = 0;
+    for (int64_t j = 0; j < cols; ++j) a += std::fabs(In(dt, in, r * cols + j));
+    if (std::isfinite(a)) abs_norm += a * a;
+    if (std::isfinite(want[r])) ref_norm += want[r] * want[r];
+  }
+  const double cond = ref_norm > 0 ? std::max(1.0, std::sqrt(abs_norm / ref_norm)) : 1.0;
+  return 1e-5 * cond;
 }
 
 double DefaultTolerance(DType dt) {

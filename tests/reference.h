@@ -33,4 +33,10 @@ Comparison Compare(DType dt, const void* out, const std::vector<double>& ref, do
 // Tolerance for an op's output stored in dtype dt (rounding of one store).
 double DefaultTolerance(DType dt);
 
+// Tolerance for row sums accumulated in float32 against `want` (RowSum's): the error scales with
+// sum |x|, not with |sum x| (a row of random signs can sum to nearly zero), so 1e-5 is scaled by
+// the condition number ||row sums of |x| || / ||want||.
+double RowSumTolerance(DType dt, const void* in, int64_t rows, int64_t cols,
+                       const std::vector<double>& want);
+
 }  // namespace fusebox::ref

@@ -113,7 +113,8 @@ void CheckCorrectness(fc::Client& c) {
                s.ok() ? Fmt("rel err %.2e", sc.rel_error) : std::string(s.status().message()), s.ok() && sc.ok);
         auto r = c.RowSum(in);
         auto rr = fusebox::ref::RowSum(dt, x.data.data(), rows, cols);
-        auto rc = r.ok() ? fusebox::ref::Compare(DType::kFloat32, r->output.data.data(), rr, 1e-5)
+        const double rtol = fusebox::ref::RowSumTolerance(dt, x.data.data(), rows, cols, rr);
+        auto rc = r.ok() ? fusebox::ref::Compare(DType::kFloat32, r->output.data.data(), rr, rtol)
                          : fusebox::ref::Comparison{};
         Report(std::string("RowSum ") + Name(dt) + " " + sh + how,
                r.ok() ? Fmt("rel err %.2e", rc.rel_error) : std::string(r.status().message()), r.ok() && rc.ok);

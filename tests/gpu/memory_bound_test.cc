@@ -224,17 +224,7 @@ class MemoryBound : public ::testing::TestWithParam<DType> {
                       },
                       &out))
         << where;
-    // float32 accumulation: the error scales with sum |x|, not with |sum x| (a row of random
-    // signs can sum to nearly zero), so the tolerance carries the condition number.
-    double abs_norm = 0, ref_norm = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      double a = 0;
-      for (int64_t j = 0; j < cols; ++j) a += std::fabs(LoadAsFloat(dt, in.data(), r * cols + j));
-      if (std::isfinite(a)) abs_norm += a * a;
-      if (std::isfinite(want[r])) ref_norm += want[r] * want[r];
-    }
-    const double cond = ref_norm > 0 ? std::max(1.0, std::sqrt(abs_norm / ref_norm)) : 1.0;
-    const double tol = 1e-5 * cond;
+    const double tol = ref::RowSumTolerance(dt, in.data(), rows, cols, want);
     const ref::Comparison c = ref::Compare(DType::kFloat32, out.data(), want, tol);
     EXPECT_TRUE(c.ok) << where << " rel_error=" << c.rel_error << " tol=" << tol << " first_bad=" << c.first_bad;
   }
