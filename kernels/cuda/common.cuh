@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -427,6 +428,89 @@ __host__ __device__ __forceinline__ int64_t EdgeIndex(const RowEdges& g, int e) 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tiles of whole short rows (softmax and row sum, rows of <= kTileMaxCols columns). Rows that short
+// are one contiguous array: a block takes `tile_rows` consecutive rows (n elements) as one flat
+// span, reads it into shared memory with full 16-byte vectors whatever the row length or the
+// span's offset (a scalar head and tail of < W elements each, at the span's two ends only, not per
+// row), works on its rows there, and (softmax) writes the span back the same way. Every global
+// access of the body is a coalesced 16-byte vector, so rows of 1, 7 or 62 columns cost what a copy
+// costs; shared memory holds the span at its global offset modulo 16 (element i at sm[lead + i]).
+constexpr int kTileMaxCols = 64;
+constexpr int kTileThreads = 256;
+// Vectors in flight per thread: a tile of <= 8 KiB (TileShapeOf) plus its offset spans at most
+// 513 vectors, so three rounds of 256 threads (768 vectors, 12 KiB) cover every tile.
+constexpr int kTileUnroll = 3;
+constexpr int kTileMaxVectors = kTileThreads * kTileUnroll;
+constexpr int kTileElems = 4;  // a row's elements per lane
+struct TileSpan {
+  int lead;        // elements of the span's first 16-byte segment before its first element
+  int jlo, jhi;    // whole vectors [jlo, jhi) of the segments from the span's first one
+  int head_end;    // scalar head: elements [0, head_end)
+  int tail_start;  // scalar tail: elements [tail_start, n)
+};
+template <typename T>
+__device__ __forceinline__ TileSpan TileSpanOf(const T* g, int n) {
+  constexpr int W = 16 / sizeof(T);
+  const int lead = static_cast<int>((reinterpret_cast<uintptr_t>(g) & 15u) / sizeof(T));
+  const int jlo = lead > 0 ? 1 : 0;
+  const int jhi = (lead + n) / W;
+  const int head_end = min(n, jlo * W - lead);
+  return {lead, jlo, jhi, head_end, max(head_end, jhi * W - lead)};
+}
+// Shared-memory bytes of a span of n elements (whole segments, any offset).
+template <typename T>
+constexpr int TileSmemBytes(int n) {
+  return ((n + 2 * (16 / static_cast<int>(sizeof(T))) - 2) / (16 / static_cast<int>(sizeof(T)))) * 16;
+}
+// Global span g[0, n) -> sm[lead, lead + n): kTileUnroll vector loads per thread issued before
+// any shared store (lead + n <= kTileMaxVectors x W, so one round covers the span).
+template <typename T>
+__device__ __forceinline__ void TileLoad(bool cs, const T* g, int n, T* sm, const TileSpan& t) {
+  using R = typename Pack<T, 16 / sizeof(T)>::Raw;
+  const R* gv = reinterpret_cast<const R*>(g - t.lead);
+  R* sv = reinterpret_cast<R*>(sm);
+  R v[kTileUnroll];
+#pragma unroll
+  for (int u = 0; u < kTileUnroll; ++u) {
+    const int j = t.jlo + static_cast<int>(threadIdx.x) + u * kTileThreads;
+    if (j < t.jhi) v[u] = LoadHint(cs, gv + j);
+  }
+  const int ne = t.head_end + (n - t.tail_start);
+  for (int e = threadIdx.x; e < ne; e += kTileThreads) {
+    const int i = e < t.head_end ? e : t.tail_start + (e - t.head_end);
+    sm[t.lead + i] = LoadHint(cs, g + i);
+  }
+#pragma unroll
+  for (int u = 0; u < kTileUnroll; ++u) {
+    const int j = t.jlo + static_cast<int>(threadIdx.x) + u * kTileThreads;
+    if (j < t.jhi) sv[j] = v[u];
+  }
+}
+// sm[lead, lead + n) -> global o[0, n): vectors where o shares the input span's offset modulo 16
+// (as pool memory always does), else one coalesced scalar per element.
+template <typename T>
+__device__ __forceinline__ void TileStore(bool cs, T* o, int n, const T* sm, const TileSpan& t) {
+  using R = typename Pack<T, 16 / sizeof(T)>::Raw;
+  const int olead = static_cast<int>((reinterpret_cast<uintptr_t>(o) & 15u) / sizeof(T));
+  if (olead != t.lead) {
+    for (int i = threadIdx.x; i < n; i += kTileThreads) StoreHint(cs, o + i, sm[t.lead + i]);
+    return;
+  }
+  R* ov = reinterpret_cast<R*>(o - t.lead);
+  const R* sv = reinterpret_cast<const R*>(sm);
+#pragma unroll
+  for (int u = 0; u < kTileUnroll; ++u) {
+    const int j = t.jlo + static_cast<int>(threadIdx.x) + u * kTileThreads;
+    if (j < t.jhi) StoreHint(cs, ov + j, sv[j]);
+  }
+  const int ne = t.head_end + (n - t.tail_start);
+  for (int e = threadIdx.x; e < ne; e += kTileThreads) {
+    const int i = e < t.head_end ? e : t.tail_start + (e - t.head_end);
+    StoreHint(cs, o + i, sm[t.lead + i]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Host-side helpers shared by the launchers.
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 // Rows of T at p and q can take the head / vectors / tail split (RowEdges): element-aligned
@@ -442,6 +526,28 @@ inline int Pow2Ceil(int64_t x) {
   return p;
 }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The tile kernels' shape for rows of `cols` (<= kTileMaxCols) elements of `elem` bytes: lanes per
+// row (a power of two, each lane kTileElems elements at stride tpr) and rows per tile. A tile holds
+// at most ~8 KiB (with ~6-8 blocks per SM, 16 KiB tiles would make fp32 1259977x7 2.3 waves of
+// long blocks, the last one a third full; 8 KiB halves that loss and still keeps ~40 KiB per SM in
+// flight), at least one pass of the block (kTileThreads / tpr rows, <= 4 KiB), and is cut down
+// until there are kTileFillBlocks blocks where the tensor is small (more, lighter blocks).
+// The span (<= 8 KiB + 15 bytes of offset) fits TileLoad's kTileMaxVectors.
+constexpr int kTileTargetBytes = 8 * 1024;
+constexpr int kTileFillBlocks = 264;
+struct TileShape {
+  int tpr = 1;
+  int rows = 1;
+};
+inline TileShape TileShapeOf(int64_t rows, int64_t cols, int elem) {
+  TileShape t;
+  t.tpr = Pow2Ceil(CeilDiv(cols, kTileElems));
+  const int pass = kTileThreads / t.tpr;
+  const int64_t most = std::max<int64_t>(pass, (kTileTargetBytes / (cols * elem)) / pass * pass);
+  const int64_t want = CeilDiv(CeilDiv(rows, kTileFillBlocks), pass) * pass;
+  t.rows = static_cast<int>(std::min(most, want));
+  return t;
+}
 // A launch (or occupancy query) of `blocks` blocks of `threads` with `smem` bytes of dynamic shared
 // memory, in clusters of `csize` blocks along x; `attr` (one element, the caller's) holds the
 // cluster attribute, which is left off for csize 1 unless `always_cluster` (occupancy queries).

@@ -4,9 +4,11 @@
 // 8 instructions and 2 special-function ops per element, well under the memory time on an H200.
 // In place (in == out) is safe: each element is read and written by one thread, loads first.
 // Parallelisation: one thread handles kUnroll (2) 16-byte vectors (4 fp32 or 8 half values each),
-// all loads issued before any use; 128-thread blocks, one block per 128 * kUnroll vectors.
+// all loads issued before any use; 128-thread blocks, one block per 128 * kUnroll vectors; tensors
+// of up to 264 such blocks (1 MiB) one vector per thread (more blocks, less latency per block).
 // When in and out share their offset modulo 16 bytes, the few elements before the first 16-byte
-// boundary (head) and after the last full vector (tail) are done by the last block, scalar.
+// boundary (head) and after the last full vector (tail) are done by the last block, scalar,
+// loaded together with its vectors.
 // Otherwise (different misalignment) a scalar, coalesced grid-stride kernel runs.
 //
 // Formula: 0.5 x (1 + tanh(u)) == x * sigmoid(2u) == x / (1 + 2^(x (kA + kB x^2))) with
@@ -27,6 +29,7 @@ namespace {
 // holds ordinary lines, as in a process that runs other work.
 constexpr int kThreads = 128;
 constexpr int kUnroll = 2;
+constexpr int kSmallWaveBlocks = 264;  // two 128-thread blocks per SM of the H200
 constexpr bool kDefaultStreaming = false;
 constexpr float kA = -2.0f * 0.7978845608028654f * 1.4426950408889634f;
 constexpr float kB = 0.044715f * kA;
@@ -34,11 +37,6 @@ constexpr float kB = 0.044715f * kA;
 __device__ __forceinline__ float GeluF(float x) {
   const float t = x * fmaf(kB, x * x, kA);
   return __fdividef(x, 1.0f + Ex2(t));
-}
-
-template <typename T>
-__device__ __forceinline__ void GeluScalarAt(const T* in, T* out, int64_t i) {
-  out[i] = FromFloat<T>(GeluF(ToFloat<T>(in[i])));
 }
 
 // Vector body over [head, head + nvec * W); head / tail scalars by the last block.
@@ -57,6 +55,17 @@ __global__ __launch_bounds__(1024) void GeluVecKernel(const T* in, T* out, int64
     const int64_t i = base + u * nt;
     if (i < nvec) v[u] = LoadHint(cs, src + i);
   }
+  // The head / tail scalar is loaded with the vectors, not after them: a second dependent trip to
+  // memory in the last block was most of the time of a small tensor (7x4096 fp16 +3: 0.82x).
+  // U <= 2 only (the automatic choices; 0-5 more registers, still <= 32); the forced U = 4 / 8
+  // variants keep the later load and their register counts.
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool edge = blockIdx.x == gridDim.x - 1 && tid < head + tail;
+  const int64_t ei = tid < head ? tid : head + nvec * W + (tid - head);
+  T xe{};
+  if constexpr (U <= 2) {
+    if (edge) xe = LoadHint(cs, in + ei);
+  }
 #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int64_t i = base + u * nt;
@@ -68,10 +77,9 @@ __global__ __launch_bounds__(1024) void GeluVecKernel(const T* in, T* out, int64
       StoreHint(cs, dst + i, PackFloats<T, W>(f));
     }
   }
-  if (blockIdx.x == gridDim.x - 1 && threadIdx.x < head + tail) {
-    const int t = threadIdx.x;
-    const int64_t i = t < head ? t : head + nvec * W + (t - head);
-    GeluScalarAt(in, out, i);
+  if (edge) {
+    if constexpr (U > 2) xe = LoadHint(cs, in + ei);
+    StoreHint(cs, out + ei, FromFloat<T>(GeluF(ToFloat<T>(xe))));
   }
 }
 
@@ -100,9 +108,15 @@ cudaError_t LaunchGeluT(const KernelChoice& k, const void* in_v, void* out_v, in
   T* out = static_cast<T*>(out_v);
   constexpr int W = 16 / sizeof(T);
   const bool cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
-  const int unroll = k.vectors_per_thread ? k.vectors_per_thread : kUnroll;
+  // Tensors under one wave of 2-vector blocks (132 SMs x 2 blocks x 128 threads x 2 vectors: up to
+  // 1 MiB): one vector per thread, twice the blocks, half the serial work per thread (latency, not
+  // bandwidth, is their cost; 3x11008 bf16 ran 0.86x of Triton with 17 blocks).
+  const int64_t nvec_all = n / W;
+  const int unroll = k.vectors_per_thread ? k.vectors_per_thread
+                     : nvec_all <= int64_t{kSmallWaveBlocks} * kThreads * kUnroll ? 1
+                                                                                    : kUnroll;
   const int threads = k.threads ? k.threads : kThreads;
-  if ((unroll != 2 && unroll != 4 && unroll != 8) || threads < 32 || threads > 1024 || threads % 32 != 0) {
+  if ((unroll != 1 && unroll != 2 && unroll != 4 && unroll != 8) || threads < 32 || threads > 1024 || threads % 32 != 0) {
     return cudaErrorInvalidValue;
   }
   const uintptr_t ia = reinterpret_cast<uintptr_t>(in), oa = reinterpret_cast<uintptr_t>(out);
@@ -116,6 +130,7 @@ cudaError_t LaunchGeluT(const KernelChoice& k, const void* in_v, void* out_v, in
     if (blocks > INT_MAX) return cudaErrorInvalidValue;
     const unsigned g = static_cast<unsigned>(blocks);
     switch (unroll) {
+      case 1: GeluVecKernel<T, 1><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
       case 2: GeluVecKernel<T, 2><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
       case 4: GeluVecKernel<T, 4><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;
       default: GeluVecKernel<T, 8><<<g, threads, 0, s>>>(in, out, nvec, head, tail, cs); break;

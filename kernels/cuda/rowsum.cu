@@ -4,10 +4,13 @@
 // Cost: reads every element once (rows cols sizeof(T) bytes) and writes rows floats; about one
 // add per element. Read-only streaming: each thread keeps several 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
-//  - short rows (nacc < 1024): a group of `tpr` lanes (8..32 for 16-byte accesses, 4..32 scalar)
-//    per row, each lane summing every tpr-th access, 4 or 8 loads in flight; shuffle reduction
-//    in the group; 256-thread blocks. Rows of exactly 2 accesses per lane (128 columns) are read
-//    without a loop or bounds checks.
+//  - rows of <= 64 columns under 128 bytes or not whole aligned vectors (cols = 1, 7, 33, ...):
+//    the tile kernel, a block's ~8 KiB of consecutive rows read as one flat span of 16-byte
+//    vectors into shared memory, then summed there (RowSumTileKernel).
+//  - short rows (nacc < 1024; with fewer than 264 rows, nacc < 512): a group of `tpr` lanes
+//    (8..32 for 16-byte accesses, 4..32 scalar) per row, each lane summing every tpr-th access,
+//    4 or 8 loads in flight; shuffle reduction in the group; 256-thread blocks. Rows of exactly 2
+//    accesses per lane (128 columns) are read without a loop or bounds checks.
 //  - long rows: C blocks per row (C = 1 plain, else a thread-block cluster), 4, 8 or 16 loads
 //    in flight per thread (as many as its accesses fill); each block sums its chunk, the
 //    cluster's block 0 adds the C partial sums from distributed shared memory in rank order
@@ -42,6 +45,7 @@ constexpr int kThreads = 256;
 constexpr int kUnroll = 8;      // short rows: loads in flight per lane
 constexpr int kLongUnroll = 4;  // long rows: the fewest loads in flight per thread (32 registers)
 constexpr bool kDefaultStreaming = true;  // .cs loads unless KernelChoice::streaming says
+constexpr int kFillBlocks = 264;          // two blocks per SM of the H200 (132 SMs)
 
 template <typename T, int W>
 __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
@@ -128,8 +132,13 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
     if (row < rows) {
       const T* rp = in + row * cols;
       const RowEdges g = EdgesOf(rp, cols);
+      // The lane's first edge element is loaded before the vectors (in a loop after them it was a
+      // second trip to memory, most of a small tensor's time); lanes have a second one only where
+      // tpr < head + tail (4 or 8 lanes, rows of <= 512 columns).
+      const float x0 = lane < g.edges() ? ToFloat<T>(LoadHint(Cs, rp + EdgeIndex<T>(g, lane))) : 0.f;
       s = StridedSum<T, W, Cs, U>(reinterpret_cast<const R*>(rp + g.head), lane, g.nvec, tpr);
-      for (int e = lane; e < g.edges(); e += tpr) s += ToFloat<T>(LoadHint(Cs, rp + EdgeIndex<T>(g, e)));
+      s += x0;
+      for (int e = lane + tpr; e < g.edges(); e += tpr) s += ToFloat<T>(LoadHint(Cs, rp + EdgeIndex<T>(g, e)));
     }
   } else if constexpr (Exact) {
     static_assert(TPR > 0, "exact rows need tpr at compile time");
@@ -139,6 +148,41 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
   }
   s = GroupSum(s, tpr);
   if (lane == 0 && row < rows) out[row] = s;
+}
+
+// Rows of <= kTileMaxCols columns under 128 bytes or not whole aligned vectors (cols = 1, 16 bf16,
+// 33, 63, or any offset): the block's tile_rows rows as one flat span read into shared memory with
+// 16-byte vectors (TileLoad in common.cuh), then tpr = 1 << lg lanes per row add kTileElems
+// elements each at stride tpr (consecutive lanes, consecutive elements) and one shuffle tree;
+// lane 0 writes the row's sum. Passes over the tile's rows are uniform across the block (whole
+// warps in the shuffles). cols = 1 is a widening copy.
+template <typename T>
+__global__ __launch_bounds__(kTileThreads) void RowSumTileKernel(const T* in, float* out, int64_t rows, int cols,
+                                                                 int tile_rows, int lg, bool cs) {
+  extern __shared__ uint4 tile_smem[];
+  T* sm = reinterpret_cast<T*>(tile_smem);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * tile_rows;
+  const int nrows = static_cast<int>(rows - row0 < tile_rows ? rows - row0 : tile_rows);
+  const int n = nrows * cols;
+  const TileSpan t = TileSpanOf(in + row0 * cols, n);
+  TileLoad<T>(cs, in + row0 * cols, n, sm, t);
+  __syncthreads();
+  const int tpr = 1 << lg;
+  const int lane = threadIdx.x & (tpr - 1);
+  const T* base = sm + t.lead;
+  for (int r0 = 0; r0 < nrows; r0 += kTileThreads >> lg) {
+    const int r = r0 + (threadIdx.x >> lg);
+    const bool act = r < nrows;
+    const T* rp = base + (act ? r : 0) * cols;
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < kTileElems; ++q) {
+      const int c = lane + q * tpr;
+      if (act && c < cols) s += ToFloat<T>(rp[c]);
+    }
+    s = GroupSum(s, tpr);
+    if (act && lane == 0) out[row0 + r] = s;
+  }
 }
 
 // The short-row kernel for tpr (fixed at compile time for 16-byte accesses, at run time for scalar
@@ -368,6 +412,7 @@ struct Plan {
   bool w8 = false;     // 8-byte accesses (2-byte types, W = 4), 512 x 16
   bool batch = false;  // a row is exactly one batch: threads x unroll accesses (long rows,
                        // RowSumBatchKernel) or tpr x unroll (short rows, the Exact kernel)
+  int tile_rows = 0;   // > 0: the tile kernel (rows per block; tpr lanes per row)
 };
 
 template <typename T, int W, bool E = false>
@@ -381,7 +426,6 @@ const void* SmallKernelFor(const Plan& p) {
 // block with their clusters (rows x cluster < 132): enough blocks of >= 1024 accesses for two
 // per SM. Before, 7x3000001 bf16 ran 56 blocks on 132 SMs. Arithmetic only (the server sizes the
 // workspace with it, pointers unknown; the vector count is the aligned one, an upper bound).
-constexpr int kFillBlocks = 264;
 template <typename T>
 int SplitWanted(const KernelChoice& k, int64_t rows, int64_t cols) {
   constexpr int W = 16 / sizeof(T);
@@ -411,9 +455,30 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   p->nacc = static_cast<int>(nacc64);
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   const int nacc = p->nacc;
+  // Rows of <= 64 columns under 128 bytes (fewer than 8 vectors: the short-row kernel's 8+ lanes
+  // left most idle, bf16 16 columns at 0.33x of Triton) or not whole aligned vectors (per-row
+  // scalar heads and tails: fp16 33 columns at 41% of copy): the tile kernel. Aligned rows of 8-16
+  // vectors keep the short-row kernel (98-110% of copy measured). Forcing any other field keeps
+  // the kernel it forces.
+  const bool others = k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 ||
+                      k.long_rows != 0 || k.pipeline != 0 || k.cluster != 0 || k.split != 0;
+  if (k.tile > 0 || (k.tile == 0 && !others && cols <= kTileMaxCols && (!p->vec || nacc < 8))) {
+    if (cols > kTileMaxCols || k.tile > 1) return cudaErrorInvalidValue;
+    const TileShape ts = TileShapeOf(rows, cols, sizeof(T));
+    if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;
+    p->small = true;
+    p->tpr = ts.tpr;
+    p->tile_rows = ts.rows;
+    p->threads = kTileThreads;
+    return cudaSuccess;
+  }
+  if (k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
   // 1024 accesses (16 KiB) and longer: a block per row beats a warp per row (bf16 8192 columns:
   // 4011 vs 3888 GB/s on the H200).
-  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024);
+  // Fewer rows than two blocks per SM, of 512+ accesses each: a block per row too (127x4093 fp32 ran
+  // 16 blocks of 8 rows, each lane 4 dependent batches of loads: 0.58x of Triton), unless a
+  // short-row field is forced.
+  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024 && (others || rows >= kFillBlocks || nacc < 512));
   if (p->small) {
     // 16-byte accesses: one lane per 2, at least 8 and at most 32 lanes. In-process A/B against
     // one lane per 64 elements: bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024 columns 32 lanes
@@ -557,6 +622,14 @@ cudaError_t LaunchRowSumT(const KernelChoice& k, const void* in, float* out, int
   Plan p;
   const cudaError_t e = MakePlan<T>(k, in, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
+  if (p.tile_rows > 0) {
+    const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, p.tile_rows));  // MakePlan checked it
+    const int smem = TileSmemBytes<T>(p.tile_rows * static_cast<int>(cols));    // <= 8 KiB + a pass
+    RowSumTileKernel<T><<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), out, rows,
+                                                           static_cast<int>(cols), p.tile_rows,
+                                                           __builtin_ctz(p.tpr), p.cs);
+    return cudaGetLastError();
+  }
   constexpr int W = 16 / sizeof(T);
   if constexpr (sizeof(T) == 2) {
     if (p.w8) return LaunchPlanW<T, 4>(p, in, out, rows, cols, ws.ptr, s);
@@ -623,6 +696,9 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
   } else if (p.split > 1) {
     std::snprintf(buf, len, "rowsum/split %s b=%d t=%d u=%d cs", p.vec ? "vec" : "edges", p.split, p.threads,
                   p.unroll);
+  } else if (p.tile_rows > 0) {
+    std::snprintf(buf, len, "rowsum/tile tpr=%d rows=%d t=%d %s", p.tpr, p.tile_rows, p.threads,
+                  p.cs ? "cs" : "plain");
   } else if (p.small) {
     std::snprintf(buf, len, "rowsum/rows %s%s tpr=%d t=%d u=%d %s", p.vec ? "vec" : p.edges ? "edges" : "scalar",
                   p.batch ? " exact" : "", p.tpr, p.threads, p.unroll, p.cs ? "cs" : "plain");

@@ -39,9 +39,11 @@
 //    clusters that consume shared-memory pieces as they land and refill them with the next row;
 //    measured slower than the one-shot kernel on every benchmark shape, so never chosen
 //    automatically; kept as the variant the one-shot kernel is compared with.
-//  - few long rows (16384+ accesses, rows x blocks < 132) with a workspace: the split path with
+//  - few long rows (4096+ accesses, rows x blocks < 132) with a workspace: the split path with
 //    more blocks, two per SM (up to 128 per row): 1-8 rows of 10^6 columns no longer leave most
-//    SMs idle.
+//    SMs idle, nor 7 rows of 128256 bf16 columns 7 of them busy.
+//  - rows of <= 64 columns that are not whole aligned vectors: the tile kernel (a block's rows as
+//    one flat span of 16-byte vectors through shared memory; see SoftmaxTileKernel).
 // Rows whose start is not 16-byte aligned (odd row lengths, offset pointers), with in and out at the
 // same offset modulo 16, use the same kernels (E = true) on the row's 16-byte vectors plus a scalar
 // head up to the first boundary and a scalar tail (RowEdges in common.cuh; <= 2 (W - 1) scalars
@@ -75,6 +77,10 @@ constexpr int kMaxSplit = 128;               // blocks per row on the split path
 constexpr int kFillBlocks = 264;             // two blocks per SM of the H200 (132 SMs)
 constexpr uint32_t kSplitWaitNs = 1000000;    // a split block reads its row itself after 1 ms
 constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores measured 2-5% slower
+// Few rows (rows x blocks < 132) of at least this many accesses take the split path with more
+// blocks (SplitWanted): one block per row of 64-256 KiB left most SMs idle (bf16 1x7x128256, a
+// chunk kernel with 190 KB of shared memory per block on 7 SMs: 0.83x of torch.compile).
+constexpr int kFewRowsSplitMin = 4096;
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -852,8 +858,76 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
   }
 }
 
+// ------------------------------------------------------------------------------ tiles of short rows
+// Rows of <= kTileMaxCols columns that are not whole aligned vectors (cols = 1, 7, 13, 62, or any
+// offset): the block's tile_rows rows as one flat span through shared memory (TileLoad /
+// TileStore in common.cuh), each row's max and sum by tpr = 1 << lg lanes, kTileElems elements per
+// lane at stride tpr (consecutive lanes read consecutive elements: at most 32 / tpr banks
+// conflict). One exp per element (kept between the sum and the output); the loops over a tile's
+// rows run the same passes in every lane (the group shuffles need whole warps). Special values as
+// the short-row kernel (the row max is m: all -inf gives NaN, cols = 1 gives 1 or NaN).
+template <typename T>
+__global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T* out, int64_t rows, int cols,
+                                                                  int tile_rows, int lg, bool cs) {
+  extern __shared__ uint4 tile_smem[];
+  T* sm = reinterpret_cast<T*>(tile_smem);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * tile_rows;
+  const int nrows = static_cast<int>(rows - row0 < tile_rows ? rows - row0 : tile_rows);
+  const int n = nrows * cols;
+  const TileSpan t = TileSpanOf(in + row0 * cols, n);
+  TileLoad<T>(cs, in + row0 * cols, n, sm, t);
+  __syncthreads();
+  T* base = sm + t.lead;
+  if (cols == 1) {
+    // e^(x - x) / e^(x - x): 1 where x is finite, NaN for NaN and +-inf, as x - x + 1 (IEEE; no
+    // fast-math folds it). The row loop below would spend ~35 instructions on each element, more
+    // than the 4 per clock an SM issues at HBM speed for 2-byte elements.
+    for (int i = threadIdx.x; i < n; i += kTileThreads) {
+      const float x = ToFloat<T>(base[i]);
+      base[i] = FromFloat<T>(x - x + 1.0f);
+    }
+    __syncthreads();
+    TileStore<T>(cs, out + row0 * cols, n, sm, t);
+    return;
+  }
+  const int tpr = 1 << lg;
+  const int lane = threadIdx.x & (tpr - 1);
+  for (int r0 = 0; r0 < nrows; r0 += kTileThreads >> lg) {
+    const int r = r0 + (threadIdx.x >> lg);
+    const bool act = r < nrows;
+    T* rp = base + (act ? r : 0) * cols;
+    float x[kTileElems];
+    float m = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < kTileElems; ++q) {
+      const int c = lane + q * tpr;
+      x[q] = act && c < cols ? ToFloat<T>(rp[c]) : -INFINITY;
+      m = fmaxf(m, x[q]);
+    }
+    m = GroupMax(m, tpr);
+    float sum = 0.f;
+#pragma unroll
+    for (int q = 0; q < kTileElems; ++q) {
+      const int c = lane + q * tpr;
+      x[q] = act && c < cols ? ExpDiff(x[q], m) : 0.f;
+      sum += x[q];
+    }
+    sum = GroupSum(sum, tpr);
+    // 1 <= sum <= 64 (or NaN): the approximate reciprocal (2 ulp) is well inside the tolerance and
+    // saves the IEEE division's ~10 instructions per row.
+    const float inv = __fdividef(1.0f, sum);
+#pragma unroll
+    for (int q = 0; q < kTileElems; ++q) {
+      const int c = lane + q * tpr;
+      if (act && c < cols) rp[c] = FromFloat<T>(x[q] * inv);
+    }
+  }
+  __syncthreads();
+  TileStore<T>(cs, out + row0 * cols, n, sm, t);
+}
+
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kRowBlock, kChunk, kPipe };
+enum class Kind { kRows, kRowBlock, kChunk, kPipe, kTile };
 struct Plan {
   bool vec = false;    // 16-byte aligned rows of whole vectors
   bool edges = false;  // other rows, in and out at the same offset modulo 16: head / vectors / tail
@@ -871,6 +945,7 @@ struct Plan {
   bool cs = true;     // streaming cache hints
   bool fma = true;    // e^(x - m) in one FFMA where |m| allows (WithExp)
   int ahead = 0;      // long rows: L2 prefetch of the chunk this many blocks ahead (0 = none)
+  int tile_rows = 0;  // tile kernel: rows per block (tpr: lanes per row)
 };
 
 int CurrentDevice() {
@@ -1051,7 +1126,7 @@ int64_t BlockCap(bool vec) { return static_cast<int64_t>(kChunkMaxThreads) * 8 +
 // Blocks per row the split path wants (1 = none): as forced, or, automatically, for vector rows
 // that need 8 or more on-chip blocks, rather than a cluster of 16, which only 7 at a time fit on
 // the H200 (112 SMs): 128 KiB per block for 4-byte types, 64 KiB for 2-byte (more blocks per SM).
-// 128x1048576: fp32 +14%, bf16 +11% over the cluster. Rows of 16384+ accesses too few to give
+// 128x1048576: fp32 +14%, bf16 +11% over the cluster. Rows of 4096+ accesses too few to give
 // every SM a block (rows x blocks < 132; e.g. 1-8 rows of 10^6 columns) are split further, into
 // blocks of >= 2048 accesses (in registers), two per SM. Arithmetic only: the workspace query
 // (SoftmaxWorkspaceBytes, on the server's sizing path) uses it without touching the device.
@@ -1062,7 +1137,7 @@ int SplitWanted(const KernelChoice& k, int64_t rows, int nacc, bool vec) {
   if (k.cluster != 0 || k.pipeline > 0 || !vec) return 1;
   const int need = Pow2Ceil(CeilDiv(nacc, BlockCap(vec)));
   int64_t split = need < 8 ? 1 : std::min<int64_t>(64, CeilDiv(nacc, sizeof(T) == 4 ? 8192 : 4096));
-  if (nacc >= 16384 && rows * std::max<int64_t>(split, need) < kFillBlocks / 2) {
+  if (nacc >= kFewRowsSplitMin && rows * std::max<int64_t>(split, need) < kFillBlocks / 2) {
     split = std::max(split, std::min(CeilDiv(kFillBlocks, rows), CeilDiv(nacc, 2048)));
   }
   split = std::min<int64_t>(kMaxSplit, split);
@@ -1088,6 +1163,25 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   p->cs = k.streaming == 0 ? kDefaultStreaming : k.streaming > 0;
   p->fma = k.exp_fma >= 0;
   const int nacc = p->nacc;
+  // Rows of <= 64 columns that are not whole aligned vectors: the tile kernel (every access a full
+  // 16-byte vector of the flat span; the short-row kernel gave such rows a warp-sized group and
+  // per-row scalar heads and tails: fp32 1259977x7 at 40% of copy, bf16 cols = 1 at 0.04x of
+  // torch.compile). Aligned rows of whole vectors keep the short-row kernel (measured 86-88% of
+  // copy at 16 columns). Forcing any other short-row field keeps the kernel it forces.
+  const bool others = k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 ||
+                      k.long_rows != 0 || k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 ||
+                      k.split != 0 || k.smem_bytes != 0;
+  if (k.tile > 0 || (k.tile == 0 && !others && !p->vec && cols <= kTileMaxCols)) {
+    if (cols > kTileMaxCols || k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
+    const TileShape ts = TileShapeOf(rows, cols, sizeof(T));
+    if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;
+    p->kind = Kind::kTile;
+    p->tpr = ts.tpr;
+    p->tile_rows = ts.rows;
+    p->threads = kTileThreads;
+    return cudaSuccess;
+  }
+  if (k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
   if (short_rows(nacc)) {
     p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
@@ -1367,11 +1461,21 @@ cudaError_t LaunchPlanW(const Plan& p, const void* in, void* out, int64_t rows, 
 }
 
 template <typename T>
+cudaError_t LaunchTile(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, p.tile_rows));  // MakePlan checked it
+  const int smem = TileSmemBytes<T>(p.tile_rows * static_cast<int>(cols));    // <= 8 KiB + a pass
+  SoftmaxTileKernel<T><<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), static_cast<T*>(out), rows,
+                                                          static_cast<int>(cols), p.tile_rows, __builtin_ctz(p.tpr), p.cs);
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int64_t rows, int64_t cols,
                            cudaStream_t s, Workspace ws) {
   Plan p;
   const cudaError_t e = MakePlan<T>(k, in, out, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
+  if (p.kind == Kind::kTile) return LaunchTile<T>(p, in, out, rows, cols, s);
   constexpr int W = 16 / sizeof(T);
   if (p.vec) return LaunchPlanW<T, W>(p, in, out, rows, cols, ws.ptr, s);
   if (p.edges) return LaunchPlanW<T, W, true>(p, in, out, rows, cols, ws.ptr, s);
@@ -1433,6 +1537,9 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
+  } else if (p.kind == Kind::kTile) {
+    std::snprintf(buf, len, "softmax/tile tpr=%d rows=%d t=%d %s", p.tpr, p.tile_rows, p.threads,
+                  p.cs ? "cs" : "plain");
   } else if (p.kind == Kind::kRows) {
     std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s%s", p.vec ? "vec" : p.edges ? "edges" : "scalar", p.tpr, p.vpt,
                   p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "", p.exact ? " exact" : "");

@@ -64,7 +64,12 @@ namespace fusebox::cuda {
 //                     one block: 1 = the exact kernel (rows of exactly threads x vectors_per_thread
 //                     16-byte accesses, <= 32 floats per thread, one exp per element, no bounds
 //                     checks) where it applies (0: for 2-byte types only), -1 = the recomputing kernel
-// GeLU uses vectors_per_thread (2, 4, 8), threads (32..1024) and streaming.
+//   tile              softmax / row sum, rows of <= 64 columns: 1 = the tile kernel (a block's
+//                     consecutive rows read and written as one flat span of 16-byte vectors through
+//                     shared memory), -1 = never; 0 = automatic: softmax rows that are not whole
+//                     aligned vectors, row-sum rows under 128 bytes or not whole aligned vectors,
+//                     when no other short-row field is forced
+// GeLU uses vectors_per_thread (1, 2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
   int vectors_per_thread = 0;
@@ -79,6 +84,7 @@ struct KernelChoice {
   int split_wait_us = 0;
   int exp_fma = 0;
   int prefetch = 0;
+  int tile = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

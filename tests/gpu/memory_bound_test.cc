@@ -939,6 +939,84 @@ TEST_P(MemoryBound, TinyTensors) {
   }
 }
 
+// Rows of 1-64 columns that take the tile kernel (softmax: rows that are not whole aligned
+// vectors; row sum: also aligned rows under 128 bytes): many rows (several full tiles and a
+// partial last one), every alignment offset of the tensor's start (the span's scalar head and
+// tail), in and out at different offsets (softmax's scalar stores), special rows (NaN, +inf,
+// all -inf, huge) for every row length, and the tile forced on aligned rows.
+TEST_P(MemoryBound, ShortRowTiles) {
+  const DType dt = GetParam();
+  const int64_t es = static_cast<int64_t>(ElementSize(dt));
+  const int64_t many = SmallMode() ? 2003 : 100003;
+  const int64_t some = SmallMode() ? 131 : 1003;
+  const int64_t listed[] = {1, 2, 3, 7, 13, 16, 33, 62, 63, 64};
+  for (int64_t cols : listed) {
+    SCOPED_TRACE(::testing::Message() << many << "x" << cols);
+    for (size_t off : {size_t{0}, size_t{1}}) {
+      CheckSoftmax(many, cols, {off, off}, KernelChoice{});
+      CheckRowSum(many, cols, {off, off}, KernelChoice{});
+    }
+  }
+  const std::vector<int64_t> small_cols = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 62, 63, 64};
+  for (int64_t k = 0; k < 16 / es; ++k) {
+    if (SmallMode() && k > 1 && k != 16 / es - 1) continue;
+    const size_t e = static_cast<size_t>(k);
+    for (int64_t cols = 1; cols <= 64; ++cols) {
+      if (SmallMode() && std::find(small_cols.begin(), small_cols.end(), cols) == small_cols.end()) continue;
+      SCOPED_TRACE(::testing::Message() << "offset " << k * es << " bytes, " << some << "x" << cols);
+      CheckSoftmax(some, cols, {e, e}, KernelChoice{});
+      CheckRowSum(some, cols, {e, e}, KernelChoice{});
+      if (k == 1) CheckSoftmax(some, cols, {e, 0}, KernelChoice{});  // different offsets: scalar stores
+    }
+  }
+  for (int64_t cols : listed) {
+    SCOPED_TRACE(::testing::Message() << "special rows, 37x" << cols);
+    CheckSoftmax(37, cols, {0, 0}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+    CheckSoftmax(37, cols, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+    auto edit = [&](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      set(0, cols / 2, kNaN);
+      set(1, 0, kInf);
+      set(2, 0, -kInf);
+      set(3, 0, -kInf);
+      set(3, cols - 1, kInf);  // -inf + inf = NaN (when cols > 1)
+      for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
+    };
+    CheckRowSum(37, cols, {1, 1}, KernelChoice{}, -1.f, 1.f, edit);
+  }
+  KernelChoice tile;
+  tile.tile = 1;
+  for (int64_t cols : {int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}}) {
+    CheckSoftmax(some, cols, {0, 0}, tile);
+    CheckRowSum(some, cols, {0, 0}, tile);
+  }
+  DeviceBuffer b(1 << 16);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(tile, dt, b.get(), b.get() + 32768, 10, 65, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchRowSumWith(tile, dt, b.get(), reinterpret_cast<float*>(b.get() + 32768), 10, 65, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// Tensors of a few KiB to 1 MiB on the small-tensor paths: GeLU's one vector per thread (up to 264
+// blocks of 128) with a head and a tail, short-row tiles of few rows, few softmax rows of 4096+
+// accesses split over more blocks, row sums of few rows of 512-1023 accesses a block per row
+// and few short edge rows.
+TEST_P(MemoryBound, SmallTensorPaths) {
+  for (int64_t n : {int64_t{14273}, int64_t{7 * 4096}, int64_t{3 * 11008}, int64_t{271374}, int64_t{67584 * 4 + 9}}) {
+    for (size_t off : {size_t{0}, size_t{3}}) CheckGelu(n, {off, off}, /*specials=*/true);
+  }
+  const RowShape shapes[] = {{631, 13}, {1171, 7}, {191, 43}, {7, 128256}, {3, 65521}, {16, 50257}, {1, 32768},
+                             {127, 4093}, {9, 1003}, {263, 8192 + 3}, {5, 64 + 3}};
+  for (const RowShape& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols);
+    for (size_t off : {size_t{0}, size_t{3}}) {
+      CheckSoftmax(s.rows, s.cols, {off, off}, KernelChoice{});
+      CheckRowSum(s.rows, s.cols, {off, off}, KernelChoice{});
+    }
+  }
+  CheckSoftmax(7, 128256, {0, 0}, KernelChoice{}, SpecialSoftmaxRows(GetParam(), 128256));
+}
+
 // Any rank: the launchers take rows x cols, the caller flattens a rank 1-4 shape to rows = the
 // product of all but the last dimension (1 for rank 1), cols = the last; GeLU takes the product.
 // Each shape against the reference computed on the flattened rows.
@@ -982,6 +1060,67 @@ TEST(EveryShapePlan, EdgesAndSplits) {
   EXPECT_GT(ws, 64u * sizeof(uint64_t));  // more blocks than the 31 of 128 KiB
   cuda::DescribeSoftmax(f32, aligned, aligned, 1, 1000000, KernelChoice{}, desc, sizeof desc, ws);
   EXPECT_NE(std::string(desc).find("split="), std::string::npos) << desc;
+}
+
+// The tile kernel takes the short rows the sweep lost on (host code only): rows of 1-64 columns that
+// are not whole aligned vectors, and row-sum rows under 128 bytes; aligned softmax rows and
+// row-sum rows of 8+ vectors keep the short-row kernel; the 22 benchmark shapes keep their plans
+// (no tile, the same split workspace); few rows of 4096+ accesses split.
+TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
+  const void* aligned = reinterpret_cast<const void*>(uintptr_t{256});
+  const void* plus1 = reinterpret_cast<const void*>(uintptr_t{258});
+  const DType f16 = DType::kFloat16, bf16 = DType::kBFloat16, f32 = DType::kFloat32;
+  auto sm = [](DType dt, const void* p, int64_t rows, int64_t cols, size_t ws = 0) {
+    char desc[160];
+    cuda::DescribeSoftmax(dt, p, p, rows, cols, KernelChoice{}, desc, sizeof desc, ws);
+    return std::string(desc);
+  };
+  auto rs = [](DType dt, const void* p, int64_t rows, int64_t cols) {
+    char desc[160];
+    cuda::DescribeRowSum(dt, p, rows, cols, KernelChoice{}, desc, sizeof desc, 0);
+    return std::string(desc);
+  };
+  EXPECT_EQ(sm(bf16, aligned, 2 * 1652781, 1).rfind("softmax/tile tpr=1 ", 0), 0u);
+  EXPECT_EQ(sm(f16, plus1, 1933946, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
+  EXPECT_EQ(sm(f32, aligned, 1259977, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
+  EXPECT_EQ(sm(f16, plus1, 1693008, 62).rfind("softmax/tile tpr=16 ", 0), 0u);
+  EXPECT_EQ(sm(bf16, aligned, 631, 13), "softmax/tile tpr=4 rows=64 t=256 plain");
+  EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
+  EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 ", 0), 0u);
+  EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=16 ", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 7 * 184637, 63).rfind("rowsum/tile tpr=16 ", 0), 0u);
+  EXPECT_EQ(rs(f32, aligned, 1000, 1), "rowsum/tile tpr=1 rows=256 t=256 cs");
+  EXPECT_EQ(rs(f32, aligned, 3365475, 44).rfind("rowsum/rows vec", 0), 0u);
+  EXPECT_EQ(rs(f16, aligned, 2806056, 64).rfind("rowsum/rows vec", 0), 0u);
+  EXPECT_EQ(rs(f32, aligned, 1962977, 64), "rowsum/rows vec exact tpr=8 t=256 u=2 cs");
+  // Row sum, fewer than 264 rows of 512-1023 accesses: a block per row; fewer accesses or more
+  // rows: the short-row kernel as before.
+  const void* plus4 = reinterpret_cast<const void*>(uintptr_t{260});
+  EXPECT_EQ(rs(f32, plus4, 127, 4093), "rowsum/cluster edges c=1 t=256 u=4 cs");
+  EXPECT_EQ(rs(f32, aligned, 263, 2048), "rowsum/cluster vec c=1 t=256 u=4 cs");
+  EXPECT_EQ(rs(f32, aligned, 264, 2048), "rowsum/rows vec tpr=32 t=256 u=8 cs");
+  EXPECT_EQ(rs(f32, aligned, 120, 1000), "rowsum/rows vec tpr=32 t=256 u=8 cs");
+  EXPECT_EQ(rs(bf16, aligned, 9, 1003).rfind("rowsum/rows edges tpr=16 ", 0), 0u);
+  // The benchmark's shapes: none takes a tile; softmax's split workspace as before (32 blocks per
+  // row of 128x1048576, none elsewhere).
+  const std::pair<int64_t, int64_t> bench_shapes[] = {
+      {262144, 128}, {65536, 1024}, {8192, 8192}, {2048, 32768}, {128, 1048576}};
+  for (DType dt : {f32, bf16}) {
+    for (const auto& [rows, cols] : bench_shapes) {
+      const size_t ws = cuda::SoftmaxWorkspaceBytes(dt, rows, cols);
+      EXPECT_EQ(ws, cols == 1048576 ? size_t{128 * 32 * 8} : size_t{0}) << rows << "x" << cols;
+      EXPECT_EQ(sm(dt, aligned, rows, cols, ws).find("tile"), std::string::npos) << rows << "x" << cols;
+      EXPECT_EQ(rs(dt, aligned, rows, cols).find("tile"), std::string::npos) << rows << "x" << cols;
+      EXPECT_EQ(cuda::RowSumWorkspaceBytes(dt, rows, cols), 0u) << rows << "x" << cols;
+    }
+  }
+  // Few rows of 4096+ accesses: the split path with more blocks (bf16 7x128256: 8 per row).
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 7, 128256), size_t{7 * 8 * 8});
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 3, 65521), size_t{3 * 8 * 8});
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), size_t{2 * 8});
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16380), 0u);  // 4095 accesses
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 132, 128256), 0u);  // enough rows
 }
 
 // Every forced variant the benchmark times, on fewer rows.
