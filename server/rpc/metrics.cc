@@ -12,9 +12,7 @@
 //    calls at the same time do not fight over cache lines. prometheus-cpp's
 //    own Histogram takes a mutex and CAS-loops two doubles per Observe: with
 //    4-8 threads finishing calls at once that cost 1-2 us per call on the
-//    H200 host, against 0.15 us here (35 ns on the build machine; see
-//    bench/metrics/RESULTS.md, measured with 5 phases; the 6th, launch, took
-//    the build machine's figure to ~41 ns).
+//    H200 host, against 0.13-0.18 us here (bench/baselines/metrics-record-call-*).
 //  - BackendCollector: gauges read from Backend::stats() and the tensor store
 //    hook when scraped: always current, and no thread polls between scrapes.
 //

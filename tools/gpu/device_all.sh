@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Builds what issue 3 runs on the H200 (build-dev/, CUDA) and packs one bundle per device job
+# Builds what the H200 runs (build-dev/, CUDA; BUILD_DIR=build reuses the main build) and packs one bundle per device job
 # (tools/gpu/device_bundle.sh), because the device tool carries at most 64 MiB with the working tree:
 #   kernels  .bundle-kernels: GPU kernel tests, the memory-bound benchmark and its Python harnesses
 #   matmul   .bundle-matmul: matmul and CUDA-backend tests, the matmul benchmark and its harnesses
 #   e2e      .bundle-e2e: the server with its CUDA module, the end-to-end client, the memory-bound
 #            benchmark (its medians), the /metrics check with the Python stubs, the metrics
-#            RecordCall benchmark (bench/metrics/RESULTS.md), fusebox-rpc-bench, and the CUDA
+#            RecordCall benchmark (bench/baselines/metrics-record-call-*), fusebox-rpc-bench, and the CUDA
 #            backend's tests (fusebox_gpu_cuda_backend_test, which loads the module next to it
 #            or FUSEBOX_CUDA_MODULE: with BASELINE, base/'s shows whether a new test fails there)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
