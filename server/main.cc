@@ -68,6 +68,11 @@ ABSL_FLAG(int64_t, inflight_mib, 0,
           "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
           "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
           "memory limit if less");
+ABSL_FLAG(double, tenant_inflight_share, kDefaults.tenant_inflight_share,
+          "the part of --inflight_mib one tenant may hold, 0..1 (a tenant holding nothing may "
+          "still make one call of any size that fits), so one whose client stops taking "
+          "replies cannot starve the others; 0 = 1 / the tenants in --token_file, at most 4 "
+          "(an open server: all of it)");
 ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
           "OS, and serve large blocks from the heap: large requests then skip page faults; "
@@ -123,6 +128,7 @@ int main(int argc, char** argv) {
   o.max_tensor_bytes = bytes(absl::GetFlag(FLAGS_max_tensor_mib));
   o.max_tensors = absl::GetFlag(FLAGS_max_tensors);
   o.inflight_bytes = bytes(absl::GetFlag(FLAGS_inflight_mib));
+  o.tenant_inflight_share = absl::GetFlag(FLAGS_tenant_inflight_share);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
   o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));

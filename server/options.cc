@@ -1,6 +1,7 @@
 // CheckOptions (see options.h): every flag's range, in one place.
 #include "server/options.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
@@ -49,6 +50,10 @@ constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
 
 }  // namespace
 
+int64_t FairShareDivisor(size_t tenants) {
+  return std::clamp<int64_t>(static_cast<int64_t>(tenants), 1, 4);
+}
+
 bool IsSocketAddress(const std::string& address) {
   for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
     if (address.rfind(scheme, 0) == 0) return true;
@@ -95,6 +100,9 @@ absl::Status CheckOptions(const ServerOptions& o) {
   }
   if (o.max_tensors < 1) return bad("--max_tensors must be >= 1");
   if (o.inflight_bytes < 0) return bad(absl::StrCat("--inflight_mib must be in 0..", kMaxMib));
+  if (!(o.tenant_inflight_share >= 0 && o.tenant_inflight_share <= 1)) {  // NaN too
+    return bad("--tenant_inflight_share must be in 0..1 (0 = automatic)");
+  }
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");
   }

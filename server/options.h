@@ -31,12 +31,18 @@ struct ServerOptions {
   double idle_expiry_seconds = StoreLimits{}.idle_expiry_seconds;  // 0 = never
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;
+  // The part of it one tenant may hold, in 0..1; 0 = 1 / FairShareDivisor(tenants).
+  double tenant_inflight_share = 0;
   // A call waiting this long on its client (the next Upload message, a Download chunk or a
   // reply not taken), plus 1 s per MiB in transit, is cancelled (StallWatch); 0 = never.
   double stall_timeout_seconds = 120;
   // Freed heap memory kept for reuse (main applies it with mallopt); 0 = glibc's defaults.
   int64_t malloc_retain_bytes = int64_t{1} << 30;
 };
+
+// What the automatic per-tenant shares divide by: the tenants (an open server has one), at most
+// 4, so a few tenants that misbehave at once can still take everything.
+int64_t FairShareDivisor(size_t tenants);
 
 // Every option's range, checked in this one place before anything starts (main and
 // FuseboxServer::Start both ask): INVALID_ARGUMENT naming the flag and its range.

@@ -196,6 +196,8 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   if (!backend.ok()) return backend.status();
   s->backend = *std::move(backend);
 
+  // Anonymous callers are one tenant.
+  const size_t tenants = s->auth.open() ? 1 : s->auth.tenants();
   const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
   s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
   Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors, idle "
@@ -220,15 +222,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
+  request_limits.max_tenant_inflight_bytes =
+      o.tenant_inflight_share > 0
+          ? static_cast<int64_t>(static_cast<double>(request_limits.max_inflight_bytes) *
+                                 o.tenant_inflight_share)
+          : request_limits.max_inflight_bytes / FairShareDivisor(tenants);
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
   request_limits.max_message_bytes = o.max_message_bytes;
   // gRPC's own buffers (requests still arriving, replies on their way): as much as the
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =
       std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
-  Log("calls in flight: up to %lld MiB of inline tensors, gRPC's buffers up to %lld MiB; "
-      "cancelled after %g s waiting on their client",
+  Log("calls in flight: up to %lld MiB of inline tensors (%lld MiB per tenant), gRPC's buffers "
+      "up to %lld MiB; cancelled after %g s waiting on their client",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),
+      static_cast<long long>(request_limits.max_tenant_inflight_bytes >> 20),
       static_cast<long long>(grpc_quota_bytes >> 20), o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);

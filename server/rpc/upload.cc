@@ -62,7 +62,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     }
     if (n > held_bytes_) {  // this message, in host memory until it is copied in
       held_.reset();
-      auto token = svc_->ReserveTransfer(n, "upload", ", or send smaller messages");
+      auto token = svc_->ReserveTransfer(tenant_, n, "upload", ", or send smaller messages");
       if (!token.ok()) return Fail(token.status());
       held_ = *std::move(token);
       held_bytes_ = n;

@@ -620,6 +620,8 @@ def test_open_reflection_streams_take_a_bounded_number_of_threads():
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--inflight_mib=-1", "--inflight_mib must be in 0..8796093022207"),
     ("--max_tensors=0", "--max_tensors must be >= 1"),
+    ("--tenant_inflight_share=1.5", "--tenant_inflight_share must be in 0..1"),
+    ("--tenant_inflight_share=nan", "--tenant_inflight_share must be in 0..1"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
     ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
     ("--drain_seconds=nan", "--stall_timeout_s must be in 0..86400"),

@@ -1010,6 +1010,35 @@ TEST_F(ServiceTest, TransfersOneAfterAnotherEachFitAloneUnderASmallInflightLimit
   }
 }
 
+// alice's client stops taking replies: her calls hold her share of the in-flight budget and
+// no more, and bob's calls still fit.
+TEST_F(TokenServiceTest, ATenantWhoseClientTakesNoRepliesCannotStarveAnother) {
+  ServerOptions o;
+  o.token_file = path_;
+  o.inflight_bytes = 6 << 20;  // two tenants: 3 MiB each
+  StartServer(o);
+  PausableProxy proxy(server_->port());
+  ASSERT_GT(proxy.port(), 0);
+  auto alice = ConnectThenPause(proxy);
+  const v1::GeluRequest req = InlineGelu1MiB();  // holds 3 MiB until its reply has gone
+  auto c1 = Ctx("secret-a");
+  PendingGelu untaken(*alice, c1.get(), req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // answered, not taken
+  auto c2 = Ctx("secret-a");
+  PendingGelu more(*alice, c2.get(), req);  // past her share (the server's would still fit)
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto c3 = Ctx("secret-b");
+  v1::GeluResponse resp;
+  const grpc::Status bob = stub_->Gelu(c3.get(), req, &resp);
+  EXPECT_TRUE(bob.ok()) << "alice's untaken replies starve bob: " << bob.error_message();
+  proxy.Pause(false);
+  EXPECT_TRUE(untaken.Wait().ok());
+  const grpc::Status refused = more.Wait();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--tenant_inflight_share"), std::string::npos)
+      << refused.error_message();
+}
+
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
   StartServer({});
   const int64_t m = 37, k = 53, n = 129;
