@@ -61,6 +61,10 @@ ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
 ABSL_FLAG(int64_t, max_tensors, kDefaults.max_tensors,
           "tensors held at once, all tenants (each costs 0.6-1.5 KB of host memory besides "
           "its bytes); past it Upload and kept outputs are RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_tensors_per_tenant, kDefaults.max_tensors_per_tenant,
+          "tensors one tenant may hold at once (empty ones too), so no tenant can fill "
+          "--max_tensors alone; 0 = --max_tensors divided by the tenants in --token_file, "
+          "at most 4 (an open server: all of it)");
 ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
           "or running) and the messages of Uploads and Downloads under way; a call past it "
@@ -127,6 +131,7 @@ int main(int argc, char** argv) {
   o.tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_tenant_quota_mib));
   o.max_tensor_bytes = bytes(absl::GetFlag(FLAGS_max_tensor_mib));
   o.max_tensors = absl::GetFlag(FLAGS_max_tensors);
+  o.max_tensors_per_tenant = absl::GetFlag(FLAGS_max_tensors_per_tenant);
   o.inflight_bytes = bytes(absl::GetFlag(FLAGS_inflight_mib));
   o.tenant_inflight_share = absl::GetFlag(FLAGS_tenant_inflight_share);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);

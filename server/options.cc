@@ -99,6 +99,7 @@ absl::Status CheckOptions(const ServerOptions& o) {
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib));
   }
   if (o.max_tensors < 1) return bad("--max_tensors must be >= 1");
+  if (o.max_tensors_per_tenant < 0) return bad("--max_tensors_per_tenant must be >= 0");
   if (o.inflight_bytes < 0) return bad(absl::StrCat("--inflight_mib must be in 0..", kMaxMib));
   if (!(o.tenant_inflight_share >= 0 && o.tenant_inflight_share <= 1)) {  // NaN too
     return bad("--tenant_inflight_share must be in 0..1 (0 = automatic)");

@@ -28,6 +28,8 @@ struct ServerOptions {
   int64_t tenant_quota_bytes = 0;
   int64_t max_tensor_bytes = StoreLimits{}.max_tensor_bytes;
   int64_t max_tensors = StoreLimits{}.max_tensors;  // held at once, all tenants
+  // Held at once by one tenant; 0 = max_tensors / FairShareDivisor(tenants).
+  int64_t max_tensors_per_tenant = 0;
   double idle_expiry_seconds = StoreLimits{}.idle_expiry_seconds;  // 0 = never
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;

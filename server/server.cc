@@ -101,7 +101,7 @@ int64_t ReadLimit(const std::string& path) {
   return static_cast<int64_t>(v);
 }
 
-StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
+StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend, size_t tenants) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
   if (l.budget_bytes == 0) {
@@ -115,6 +115,10 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   l.tenant_quota_bytes = o.tenant_quota_bytes == 0 ? l.budget_bytes : o.tenant_quota_bytes;
   l.max_tensor_bytes = o.max_tensor_bytes;
   l.max_tensors = o.max_tensors;
+  l.max_tensors_per_tenant =
+      o.max_tensors_per_tenant > 0
+          ? o.max_tensors_per_tenant
+          : std::max<int64_t>(1, o.max_tensors / FairShareDivisor(tenants));
   l.idle_expiry_seconds = o.idle_expiry_seconds;
   return l;
 }
@@ -198,13 +202,14 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
 
   // Anonymous callers are one tenant.
   const size_t tenants = s->auth.open() ? 1 : s->auth.tenants();
-  const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
+  const StoreLimits limits = ChooseStoreLimits(o, *s->backend, tenants);
   s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
-  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors, idle "
-      "expiry %g s",
+  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors (%lld per "
+      "tenant), idle expiry %g s",
       static_cast<long long>(limits.budget_bytes >> 20),
       static_cast<long long>(limits.tenant_quota_bytes >> 20),
-      static_cast<long long>(limits.max_tensors), limits.idle_expiry_seconds);
+      static_cast<long long>(limits.max_tensors),
+      static_cast<long long>(limits.max_tensors_per_tenant), limits.idle_expiry_seconds);
 
   if (!o.metrics_address.empty()) {
     auto m = Metrics::Start(o.metrics_address, s->backend.get());

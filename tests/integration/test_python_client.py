@@ -620,6 +620,7 @@ def test_open_reflection_streams_take_a_bounded_number_of_threads():
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--inflight_mib=-1", "--inflight_mib must be in 0..8796093022207"),
     ("--max_tensors=0", "--max_tensors must be >= 1"),
+    ("--max_tensors_per_tenant=-1", "--max_tensors_per_tenant must be >= 0"),
     ("--tenant_inflight_share=1.5", "--tenant_inflight_share must be in 0..1"),
     ("--tenant_inflight_share=nan", "--tenant_inflight_share must be in 0..1"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),

@@ -1039,6 +1039,30 @@ TEST_F(TokenServiceTest, ATenantWhoseClientTakesNoRepliesCannotStarveAnother) {
       << refused.error_message();
 }
 
+// Empty tensors cost no quota; each tenant may still hold only its share of --max_tensors.
+TEST_F(TokenServiceTest, ATenantCannotTakeEveryPlaceInTheTensorTable) {
+  ServerOptions o;
+  o.token_file = path_;
+  o.max_tensors = 10;  // two tenants: 5 each
+  StartServer(o);
+  int held = 0;
+  grpc::Status s;
+  for (int i = 0; i < 10; ++i) {
+    s = Upload({}, {0}, v1::FLOAT32, nullptr, "secret-a");
+    if (!s.ok()) break;
+    ++held;
+  }
+  EXPECT_EQ(held, 5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("--max_tensors_per_tenant"), std::string::npos)
+      << s.error_message();
+  for (int i = 0; i < 5; ++i) {
+    s = Upload({}, {0}, v1::FLOAT32, nullptr, "secret-b");
+    EXPECT_TRUE(s.ok()) << "bob, tensor " << i << ": " << s.error_message();
+  }
+  EXPECT_EQ(List("secret-a").tensors_size(), 5);
+}
+
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
   StartServer({});
   const int64_t m = 37, k = 53, n = 129;
