@@ -84,9 +84,11 @@ ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
-          "a call waiting this long on its client (an Upload's next message, a Download's "
-          "next chunk, a reply not taken), plus 1 s per MiB of the message in transit (an "
-          "Upload's: the largest it could be), is cancelled and its memory returned; 0 = never");
+          "a call waiting on its client (an Upload's messages, a Download's chunks, a reply "
+          "not taken) longer, all its waits together, than this plus 1 s per MiB it has moved "
+          "and may move in the message awaited (an Upload's: the largest it could be) is "
+          "cancelled and its memory returned: clients must keep to 1 MiB/s on average after "
+          "this grace; 0 = never");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();

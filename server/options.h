@@ -35,8 +35,9 @@ struct ServerOptions {
   int64_t inflight_bytes = 0;
   // The part of it one tenant may hold, in 0..1; 0 = 1 / FairShareDivisor(tenants).
   double tenant_inflight_share = 0;
-  // A call waiting this long on its client (the next Upload message, a Download chunk or a
-  // reply not taken), plus 1 s per MiB in transit, is cancelled (StallWatch); 0 = never.
+  // A call whose waits on its client (Upload messages, Download chunks, a reply not taken) add
+  // up to more than this plus 1 s per MiB moved and in transit is cancelled (StallWatch);
+  // 0 = never.
   double stall_timeout_seconds = 120;
   // Freed heap memory kept for reuse (main applies it with mallopt); 0 = glibc's defaults.
   int64_t malloc_retain_bytes = int64_t{1} << 30;

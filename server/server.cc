@@ -239,7 +239,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   const int64_t grpc_quota_bytes =
       std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
   Log("calls in flight: up to %lld MiB of inline tensors (%lld MiB per tenant), gRPC's buffers "
-      "up to %lld MiB; cancelled after %g s waiting on their client",
+      "up to %lld MiB; cancelled after %g s waiting on their client (and 1 s per MiB)",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),
       static_cast<long long>(request_limits.max_tenant_inflight_bytes >> 20),
       static_cast<long long>(grpc_quota_bytes >> 20), o.stall_timeout_seconds);

@@ -66,7 +66,7 @@ class KernelServiceImpl::DownloadReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    stall_.Working();
+    stall_.Working(static_cast<int64_t>(msg_.data().size()));
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
       return;
@@ -114,7 +114,7 @@ class KernelServiceImpl::DownloadReactor final
     svc_->RecordOther("Download", s, 0, sent_);
     msg_.Clear();
     held_.reset();
-    stall_.Waiting();
+    stall_.Finishing();
     Finish(s);
   }
 

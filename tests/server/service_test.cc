@@ -611,11 +611,12 @@ TEST_F(ServiceTest, AnUploadStalledAfterItsHeaderIsCancelledAndItsBudgetReturned
   EXPECT_EQ(List().tensors_size(), 1);  // the other upload's only
 }
 
-TEST_F(ServiceTest, AnUploadThatKeepsSendingOutlivesTheStallTimeout) {
+TEST_F(ServiceTest, AnUploadThatKeepsSendingAtTheMinimumRateOutlivesTheStallTimeout) {
   ServerOptions o;
-  o.stall_timeout_seconds = 0.3;
+  o.stall_timeout_seconds = 0.3;  // all its waits may take 0.3 s + 1 s per MiB: 2.3 s
   StartServer(o);
-  const auto a = RandomFloats(16 * 1024);  // 16 messages of 4 KiB, 100 ms apart: 1.6 s
+  // 16 messages of 128 KiB, 100 ms apart: 1.6 s, 1.25 MiB/s.
+  const auto a = RandomFloats(16 * 32 * 1024);
   auto ctx = Ctx();
   v1::UploadResponse resp;
   auto w = stub_->Upload(ctx.get(), &resp);
@@ -623,9 +624,9 @@ TEST_F(ServiceTest, AnUploadThatKeepsSendingOutlivesTheStallTimeout) {
     v1::UploadRequest m;
     if (i == 0) {
       m.set_dtype(v1::FLOAT32);
-      m.add_shape(16 * 1024);
+      m.add_shape(16 * 32 * 1024);
     }
-    m.set_data(a.data() + i * 4096, 4096);
+    m.set_data(a.data() + i * 128 * 1024, 128 * 1024);
     ASSERT_TRUE(w->Write(m));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -1008,6 +1009,37 @@ TEST_F(ServiceTest, TransfersOneAfterAnotherEachFitAloneUnderASmallInflightLimit
     ASSERT_TRUE(stub_->FreeTensor(ctx.get(), free, &freed).ok());
     ASSERT_EQ(List().tensors_size(), 1);  // a small listing takes no budget
   }
+}
+
+// A client that sends a byte now and then, each well within the stall timeout, still keeps to
+// no rate: its waits add up, and the upload is cancelled once they pass the timeout and the
+// time its bytes take at 1 MiB/s, its reservation returned.
+TEST_F(ServiceTest, AnUploadTricklingOneByteAtATimeIsCancelledWithinItsAllowance) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;  // 1 MiB to come: its waits may take 0.3 s + about 1 s
+  StartServer(o);
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub_->Upload(ctx.get(), &resp);
+  v1::UploadRequest m;
+  m.set_dtype(v1::FLOAT32);
+  m.add_shape(1 << 18);
+  m.set_data("x");
+  const auto t0 = std::chrono::steady_clock::now();
+  bool written = w->Write(m);
+  for (int i = 0; written && i < 25; ++i) {  // one byte each 200 ms, 5 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    v1::UploadRequest byte;
+    byte.set_data("x");
+    written = w->Write(byte);
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const grpc::Status s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_GT(took, std::chrono::milliseconds(1000));  // its allowance did count its bytes
+  EXPECT_LT(took, std::chrono::milliseconds(2500)) << "the trickle kept the upload alive";
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+  EXPECT_EQ(List().tensors_size(), 0);
 }
 
 // alice's client stops taking replies: her calls hold her share of the in-flight budget and
