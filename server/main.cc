@@ -89,6 +89,24 @@ ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
           "and may move in the message awaited (an Upload's: the largest it could be) is "
           "cancelled and its memory returned: clients must keep to 1 MiB/s on average after "
           "this grace; 0 = never");
+ABSL_FLAG(double, arrival_timeout_s, kDefaults.arrival_timeout_seconds,
+          "a connection with no call being served (its requests still arriving, or none) "
+          "that receives less than 1 MiB/s for this long, plus 1 s per MiB it did receive, "
+          "is closed: gRPC gives a request no deadline to arrive in. Idle connections are "
+          "sent GOAWAY after half of it; 0 = never");
+ABSL_FLAG(int64_t, max_connections, kDefaults.max_connections,
+          "client connections at once; past it a new connection is closed at once. At most "
+          "half the file descriptors left at start-up (the rest: refused connections gRPC has "
+          "yet to free, and the listen backlog): out of descriptors, gRPC would stop "
+          "accepting for good");
+ABSL_FLAG(double, handshake_timeout_s, kDefaults.handshake_timeout_seconds,
+          "a new connection that has not sent HTTP/2's preface and settings (and finished "
+          "its TLS handshake) this soon is closed");
+ABSL_FLAG(int64_t, max_streams_per_connection, kDefaults.max_streams_per_connection,
+          "calls one connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS; a "
+          "client past it waits). With --max_connections it bounds the requests still "
+          "arriving, which gRPC holds (about 11 KB each, and their bytes within gRPC's "
+          "memory quota) until they are whole");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();
@@ -139,6 +157,10 @@ int main(int argc, char** argv) {
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
   o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));
+  o.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);
+  o.arrival_timeout_seconds = absl::GetFlag(FLAGS_arrival_timeout_s);
+  o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
 
   absl::Status checked = fusebox::CheckOptions(o);
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);

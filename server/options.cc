@@ -47,6 +47,8 @@ absl::Status CheckListenAddress(const std::string& address) {
 }
 
 constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
+constexpr int64_t kMaxConnections = int64_t{1} << 20;  // a descriptor each
+constexpr int64_t kMaxStreams = 100000;
 
 }  // namespace
 
@@ -103,6 +105,18 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (o.inflight_bytes < 0) return bad(absl::StrCat("--inflight_mib must be in 0..", kMaxMib));
   if (!(o.tenant_inflight_share >= 0 && o.tenant_inflight_share <= 1)) {  // NaN too
     return bad("--tenant_inflight_share must be in 0..1 (0 = automatic)");
+  }
+  if (o.max_connections < 1 || o.max_connections > kMaxConnections) {
+    return bad(absl::StrCat("--max_connections must be in 1..", kMaxConnections));
+  }
+  if (!(o.handshake_timeout_seconds > 0 && o.handshake_timeout_seconds <= 3600)) {
+    return bad("--handshake_timeout_s must be in (0, 3600]");
+  }
+  if (!seconds_ok(o.arrival_timeout_seconds)) {
+    return bad("--arrival_timeout_s must be in 0..86400");
+  }
+  if (o.max_streams_per_connection < 1 || o.max_streams_per_connection > kMaxStreams) {
+    return bad(absl::StrCat("--max_streams_per_connection must be in 1..", kMaxStreams));
   }
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");

@@ -41,6 +41,19 @@ struct ServerOptions {
   double stall_timeout_seconds = 120;
   // Freed heap memory kept for reuse (main applies it with mallopt); 0 = glibc's defaults.
   int64_t malloc_retain_bytes = int64_t{1} << 30;
+  // Client connections at once (Connections); past it new ones are closed at once. Lowered
+  // where the descriptor limit could not hold them all.
+  int64_t max_connections = 1000;
+  // A new connection must complete its handshake (HTTP/2's preface and settings) this soon.
+  double handshake_timeout_seconds = 10;
+  // A connection with no call being served (requests still arriving, or none) that receives
+  // less than 1 MiB/s for this long, plus 1 s per MiB it did receive, is closed; idle ones are
+  // sent GOAWAY after half of it. 0 = never.
+  double arrival_timeout_seconds = 60;
+  // Streams one connection may have open at once (HTTP/2's MAX_CONCURRENT_STREAMS): with
+  // max_connections, the bound on requests still arriving (gRPC holds each, about 11 KB and
+  // its bytes so far, until it is whole).
+  int64_t max_streams_per_connection = 100;
 };
 
 // What the automatic per-tenant shares divide by: the tenants (an open server has one), at most

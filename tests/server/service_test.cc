@@ -925,6 +925,52 @@ TEST_F(ServiceTest, AnUploadsLaterMessageLargerThanAnyBeforeOutlivesTheStallTime
   EXPECT_EQ(back, std::string(a.begin(), a.end()));
 }
 
+// A Download read slowly for longer than the arrival timeout: its connection receives next to
+// nothing (the reader's window updates) but serves a call, so it stays open. Calls are matched
+// to their connections by peer address: IPv4, and IPv6 where the host has it.
+TEST(ServiceConnectionTest, AConnectionServingACallIsNotClosedForReceivingLittle) {
+  for (const std::string host : {"127.0.0.1", "[::1]"}) {
+    ServerOptions o;
+    o.address = host + ":0";
+    o.backend.kind = "cpu";
+    o.arrival_timeout_seconds = 0.3;
+    auto server = FuseboxServer::Start(o);
+    if (!server.ok() && host != "127.0.0.1") continue;  // no IPv6 here
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string target = host + ":" + std::to_string((*server)->port());
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // the server writes only as fast as we read
+    auto stub = KernelService::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    const auto a = RandomFloats(1 << 18);  // 1 MiB
+    grpc::ClientContext up;
+    v1::UploadResponse uploaded;
+    auto w = stub->Upload(&up, &uploaded);
+    v1::UploadRequest m;
+    m.set_dtype(v1::FLOAT32);
+    m.add_shape(1 << 18);
+    m.set_data(a.data(), a.size());
+    ASSERT_TRUE(w->Write(m));
+    w->WritesDone();
+    ASSERT_TRUE(w->Finish().ok());
+    grpc::ClientContext down;
+    v1::DownloadRequest req;
+    req.set_handle(uploaded.tensor().handle());
+    req.set_chunk_bytes(16 << 10);
+    auto r = stub->Download(&down, req);
+    v1::DownloadResponse chunk;
+    std::string got;
+    while (r->Read(&chunk)) {  // 64 chunks, one each 25 ms: 1.6 s
+      got += chunk.data();
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    const grpc::Status s = r->Finish();
+    EXPECT_TRUE(s.ok()) << host << ": " << s.error_message();
+    EXPECT_EQ(got, std::string(a.begin(), a.end())) << host;
+    (*server)->Shutdown(5);
+  }
+}
+
 TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
   ServerOptions o;
   o.stall_timeout_seconds = 0.05;
