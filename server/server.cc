@@ -195,6 +195,8 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
 }
 
 constexpr int kMaxSyncThreads = 32;
+// How often the drain closes the connections left without a call.
+constexpr auto kCloserPeriod = std::chrono::milliseconds(20);
 
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
@@ -391,7 +393,21 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
     }
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+    // gRPC takes no new call once its shutdown has begun, and a request still arriving would
+    // fail only once it was whole; the connections without a call in flight close meanwhile,
+    // as their calls end, so such requests fail at once (UNAVAILABLE) and idle clients do not
+    // hold up the drain. The first look waits for gRPC's listeners to stop and its GOAWAY.
+    std::atomic<bool> drained{false};
+    std::thread closer([this, &drained] {
+      std::this_thread::sleep_for(kCloserPeriod);
+      while (!drained) {
+        s_->connections->CloseIdle();
+        std::this_thread::sleep_for(kCloserPeriod);
+      }
+    });
     s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
+    drained = true;
+    closer.join();
     // The sweeper ran until now: a call that stalls during the notice or the drain is
     // still cancelled, and holds up neither.
     {

@@ -783,6 +783,83 @@ def test_sigterm_right_after_start_drains_and_exits_zero_every_time():
             s.kill()
 
 
+def _throttling_proxy(port, bytes_per_second):
+    """A loopback TCP proxy to the server that passes what clients send at a set rate (a slow
+    link) and the server's bytes as they come; returns its port."""
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def pump(src, dst, rate):
+        try:
+            while True:
+                data = src.recv(16384)
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate:
+                    time.sleep(len(data) / rate)
+        except OSError:
+            pass
+        for k in (src, dst):
+            try:
+                k.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def accept():
+        while True:
+            client, _ = listener.accept()
+            server = socket.create_connection(("127.0.0.1", port))
+            for src, dst, rate in ((client, server, bytes_per_second), (server, client, 0)):
+                threading.Thread(target=pump, args=(src, dst, rate), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+def test_sigterm_refuses_a_request_still_arriving_at_once_and_lets_calls_in_flight_finish():
+    # A Gelu request of 18 MiB has sent its first 60 KiB when SIGTERM comes. gRPC takes no new
+    # call once shutdown has begun, so it can never complete: its connection closes at once
+    # (UNAVAILABLE to a client), instead of once the request has all arrived or the drain has
+    # run out. An Upload under way (8 MiB over an 8 MB/s link) finishes.
+    pytest.importorskip("h2")
+    s = Server()
+    try:
+        uploader = Client(f"127.0.0.1:{_throttling_proxy(s.port, 8e6)}", timeout=60)
+        assert uploader.wait_for_ready(10)
+        sock, conn = _h2_connect(s.port, timeout=30)
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(sid, _grpc_headers("/fusebox.v1.KernelService/Gelu"))
+        conn.send_data(sid, b"\0" + (18 << 20).to_bytes(4, "big"))
+        for _ in range(4):  # within the stream's first window
+            conn.send_data(sid, bytes(15 << 10))
+        sock.sendall(conn.data_to_send())
+        result = {}
+
+        def upload():
+            result["handle"] = uploader.upload(np.ones(2 << 20, np.float32), chunk_bytes=1 << 20)
+
+        uploading = threading.Thread(target=upload)
+        uploading.start()
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        while sock.recv(65536):  # GOAWAY, then the end
+            pass
+        closed = time.monotonic() - t0
+        assert closed < 1, f"the connection of a request still arriving closed {closed:.1f} s " \
+                           "after SIGTERM"
+        uploading.join(60)
+        assert "handle" in result, "the upload under way did not finish"
+        assert s.proc.wait(30) == 0
+        sock.close()
+        uploader.close()
+    finally:
+        s.kill()
+
+
 def test_a_second_signal_during_the_notice_is_absorbed():
     s = Server("--shutdown_notice_s=1")
     try:
