@@ -76,6 +76,10 @@ ABSL_FLAG(int64_t, max_tensor_mib, kDefaults.max_tensor_bytes >> 20,
 ABSL_FLAG(int64_t, max_tensors, kDefaults.max_tensors,
           "tensors held at once, all tenants (each costs 0.6-1.5 KB of host memory besides "
           "its bytes); past it Upload and kept outputs are RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_tensors_per_tenant, kDefaults.max_tensors_per_tenant,
+          "tensors one tenant may hold at once (empty ones too), so no tenant can fill "
+          "--max_tensors alone; 0 = --max_tensors divided by the tenants in --token_file, "
+          "at most 4 (an open server: all of it)");
 ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
           "or running) and the messages of Uploads and Downloads under way; a call past it "
@@ -83,6 +87,11 @@ ABSL_FLAG(int64_t, inflight_mib, 0,
           "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
           "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
           "memory limit if less");
+ABSL_FLAG(double, tenant_inflight_share, kDefaults.tenant_inflight_share,
+          "the part of --inflight_mib one tenant may hold, 0..1 (a tenant holding nothing may "
+          "still make one call of any size that fits), so one whose client stops taking "
+          "replies cannot starve the others; 0 = 1 / the tenants in --token_file, at most 4 "
+          "(an open server: all of it)");
 ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
           "OS, and serve large blocks from the heap: large requests then skip page faults; "
@@ -90,9 +99,29 @@ ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
-          "a call waiting this long on its client (an Upload's next message, a Download's "
-          "next chunk, a reply not taken), plus 1 s per MiB of the message in transit (an "
-          "Upload's: the largest it could be), is cancelled and its memory returned; 0 = never");
+          "a call waiting on its client (an Upload's messages, a Download's chunks, a reply "
+          "not taken) longer, all its waits together, than this plus 1 s per MiB it has moved "
+          "and may move in the message awaited (an Upload's: the largest it could be) is "
+          "cancelled and its memory returned: clients must keep to 1 MiB/s on average after "
+          "this grace; 0 = never");
+ABSL_FLAG(double, arrival_timeout_s, kDefaults.arrival_timeout_seconds,
+          "a connection with no call being served (its requests still arriving, or none) "
+          "that receives less than 1 MiB/s for this long, plus 1 s per MiB it did receive, "
+          "is closed: gRPC gives a request no deadline to arrive in. Idle connections are "
+          "sent GOAWAY after half of it; 0 = never");
+ABSL_FLAG(int64_t, max_connections, kDefaults.max_connections,
+          "client connections at once; past it a new connection is closed at once. At most "
+          "half the file descriptors left at start-up (the rest: refused connections gRPC has "
+          "yet to free, and the listen backlog): out of descriptors, gRPC would stop "
+          "accepting for good");
+ABSL_FLAG(double, handshake_timeout_s, kDefaults.handshake_timeout_seconds,
+          "a new connection that has not sent HTTP/2's preface and settings (and finished "
+          "its TLS handshake) this soon is closed");
+ABSL_FLAG(int64_t, max_streams_per_connection, kDefaults.max_streams_per_connection,
+          "calls one connection may have open at once (HTTP/2 MAX_CONCURRENT_STREAMS; a "
+          "client past it waits). With --max_connections it bounds the requests still "
+          "arriving, which gRPC holds (about 11 KB each, and their bytes within gRPC's "
+          "memory quota) until they are whole");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();
@@ -142,10 +171,16 @@ int main(int argc, char** argv) {
   o.tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_tenant_quota_mib));
   o.max_tensor_bytes = bytes(absl::GetFlag(FLAGS_max_tensor_mib));
   o.max_tensors = absl::GetFlag(FLAGS_max_tensors);
+  o.max_tensors_per_tenant = absl::GetFlag(FLAGS_max_tensors_per_tenant);
   o.inflight_bytes = bytes(absl::GetFlag(FLAGS_inflight_mib));
+  o.tenant_inflight_share = absl::GetFlag(FLAGS_tenant_inflight_share);
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
   o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));
+  o.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);
+  o.arrival_timeout_seconds = absl::GetFlag(FLAGS_arrival_timeout_s);
+  o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
 
   absl::Status checked = fusebox::CheckOptions(o);
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);

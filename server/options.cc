@@ -1,6 +1,7 @@
 // CheckOptions (see options.h): every flag's range, in one place.
 #include "server/options.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cmath>
@@ -49,6 +50,8 @@ absl::Status CheckListenAddress(const std::string& address) {
 }
 
 constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
+constexpr int64_t kMaxConnections = int64_t{1} << 20;  // a descriptor each
+constexpr int64_t kMaxStreams = 100000;
 
 // The TLS files: given in pairs that make sense, and readable now (their contents are
 // server/tls.cc's to check). A file that cannot be read would otherwise show only as
@@ -86,6 +89,10 @@ absl::Status CheckTlsFiles(const ServerOptions& o) {
 }
 
 }  // namespace
+
+int64_t FairShareDivisor(size_t tenants) {
+  return std::clamp<int64_t>(static_cast<int64_t>(tenants), 1, 4);
+}
 
 bool IsSocketAddress(const std::string& address) {
   for (const char* scheme : {"unix:", "unix-abstract:", "vsock:"}) {
@@ -132,7 +139,23 @@ absl::Status CheckOptions(const ServerOptions& o) {
         "--store_budget_mib, --tenant_quota_mib and --max_tensor_mib must be in 0..", kMaxMib));
   }
   if (o.max_tensors < 1) return bad("--max_tensors must be >= 1");
+  if (o.max_tensors_per_tenant < 0) return bad("--max_tensors_per_tenant must be >= 0");
   if (o.inflight_bytes < 0) return bad(absl::StrCat("--inflight_mib must be in 0..", kMaxMib));
+  if (!(o.tenant_inflight_share >= 0 && o.tenant_inflight_share <= 1)) {  // NaN too
+    return bad("--tenant_inflight_share must be in 0..1 (0 = automatic)");
+  }
+  if (o.max_connections < 1 || o.max_connections > kMaxConnections) {
+    return bad(absl::StrCat("--max_connections must be in 1..", kMaxConnections));
+  }
+  if (!(o.handshake_timeout_seconds > 0 && o.handshake_timeout_seconds <= 3600)) {
+    return bad("--handshake_timeout_s must be in (0, 3600]");
+  }
+  if (!seconds_ok(o.arrival_timeout_seconds)) {
+    return bad("--arrival_timeout_s must be in 0..86400");
+  }
+  if (o.max_streams_per_connection < 1 || o.max_streams_per_connection > kMaxStreams) {
+    return bad(absl::StrCat("--max_streams_per_connection must be in 1..", kMaxStreams));
+  }
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");
   }

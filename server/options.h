@@ -34,15 +34,37 @@ struct ServerOptions {
   int64_t tenant_quota_bytes = 0;
   int64_t max_tensor_bytes = StoreLimits{}.max_tensor_bytes;
   int64_t max_tensors = StoreLimits{}.max_tensors;  // held at once, all tenants
+  // Held at once by one tenant; 0 = max_tensors / FairShareDivisor(tenants).
+  int64_t max_tensors_per_tenant = 0;
   double idle_expiry_seconds = StoreLimits{}.idle_expiry_seconds;  // 0 = never
   // Inline tensors of calls in flight (InflightBytes); 0 = a quarter of HostMemoryBytes().
   int64_t inflight_bytes = 0;
-  // A call waiting this long on its client (the next Upload message, a Download chunk or a
-  // reply not taken), plus 1 s per MiB in transit, is cancelled (StallWatch); 0 = never.
+  // The part of it one tenant may hold, in 0..1; 0 = 1 / FairShareDivisor(tenants).
+  double tenant_inflight_share = 0;
+  // A call whose waits on its client (Upload messages, Download chunks, a reply not taken) add
+  // up to more than this plus 1 s per MiB moved and in transit is cancelled (StallWatch);
+  // 0 = never.
   double stall_timeout_seconds = 120;
   // Freed heap memory kept for reuse (main applies it with mallopt); 0 = glibc's defaults.
   int64_t malloc_retain_bytes = int64_t{1} << 30;
+  // Client connections at once (Connections); past it new ones are closed at once. Lowered
+  // where the descriptor limit could not hold them all.
+  int64_t max_connections = 1000;
+  // A new connection must complete its handshake (HTTP/2's preface and settings) this soon.
+  double handshake_timeout_seconds = 10;
+  // A connection with no call being served (requests still arriving, or none) that receives
+  // less than 1 MiB/s for this long, plus 1 s per MiB it did receive, is closed; idle ones are
+  // sent GOAWAY after half of it. 0 = never.
+  double arrival_timeout_seconds = 60;
+  // Streams one connection may have open at once (HTTP/2's MAX_CONCURRENT_STREAMS): with
+  // max_connections, the bound on requests still arriving (gRPC holds each, about 11 KB and
+  // its bytes so far, until it is whole).
+  int64_t max_streams_per_connection = 100;
 };
+
+// What the automatic per-tenant shares divide by: the tenants (an open server has one), at most
+// 4, so a few tenants that misbehave at once can still take everything.
+int64_t FairShareDivisor(size_t tenants);
 
 // Every option's range, checked in this one place before anything starts (main and
 // FuseboxServer::Start both ask): INVALID_ARGUMENT naming the flag and its range.

@@ -18,6 +18,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/parallel.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/connections.h"
 #include "server/log.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
@@ -48,9 +50,11 @@ void OnShutdownSignal(int sig) {
 }
 
 // gRPC 1.51's listener stops for good after an accept fails (grpc/grpc#20418; out of file
-// descriptors, for one): new connections then hang while the process looks alive. Its log line
-// is the only sign, so this hook turns it into a drain and an exit that is not 0, for the
-// supervisor (Kubernetes, systemd) to restart the server.
+// descriptors, for one): new connections then hang while the process looks alive. The
+// connection limit (ChooseDescriptorBudget) keeps the server within its descriptors, so only
+// descriptors taken by something else leave it possible. Its log line is the only sign, so this
+// hook turns it into a drain and an exit that is not 0, for the supervisor (Kubernetes,
+// systemd) to restart the server.
 constexpr int kListenerFailed = -1;  // in g_shutdown_signal
 
 // gRPC logs each failed TLS handshake (plaintext on the TLS port, a client trusting another CA,
@@ -135,7 +139,7 @@ std::string WithPort(const std::string& address, int port) {
   return absl::StrCat(host.empty() ? "0.0.0.0" : host, ":", port);
 }
 
-StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
+StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend, size_t tenants) {
   StoreLimits l;
   l.budget_bytes = o.store_budget_bytes;
   if (l.budget_bytes == 0) {
@@ -149,8 +153,47 @@ StoreLimits ChooseStoreLimits(const ServerOptions& o, const Backend& backend) {
   l.tenant_quota_bytes = o.tenant_quota_bytes == 0 ? l.budget_bytes : o.tenant_quota_bytes;
   l.max_tensor_bytes = o.max_tensor_bytes;
   l.max_tensors = o.max_tensors;
+  l.max_tensors_per_tenant =
+      o.max_tensors_per_tenant > 0
+          ? o.max_tensors_per_tenant
+          : std::max<int64_t>(1, o.max_tensors / FairShareDivisor(tenants));
   l.idle_expiry_seconds = o.idle_expiry_seconds;
   return l;
+}
+
+// The connections the descriptor limit can hold with room for the refused ones: each takes a
+// descriptor until gRPC frees it, some time after it is refused, and gRPC accepts the whole
+// listen backlog in one go. Half the room for connections, a quarter for refused ones that
+// wait to be freed (past it the listeners pause), an eighth for the backlog (at most the
+// kernel's somaxconn).
+struct DescriptorBudget {
+  int64_t max_connections;
+  int64_t backlog;
+  int64_t max_refusing;
+  int64_t descriptors;  // the limit; 0 = none
+};
+
+DescriptorBudget ChooseDescriptorBudget(int64_t wanted) {
+  int64_t somaxconn = ReadLimit("/proc/sys/net/core/somaxconn");
+  if (somaxconn <= 0) somaxconn = 4096;
+  rlimit r;
+  if (getrlimit(RLIMIT_NOFILE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) {
+    return {wanted, somaxconn, std::max<int64_t>(wanted, somaxconn), 0};
+  }
+  const int64_t descriptors = static_cast<int64_t>(r.rlim_cur);
+  int64_t open = 0;  // the process's descriptors now, and room for the ones gRPC, the
+  std::error_code ec;  // metrics server and the backend open later
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++open;
+  }
+  const int64_t room = std::max<int64_t>(8, descriptors - open - 64);
+  DescriptorBudget b;
+  b.descriptors = descriptors;
+  b.max_connections = std::min(wanted, room / 2);
+  b.max_refusing = room / 4;
+  b.backlog = std::min(somaxconn, room / 8);
+  return b;
 }
 
 }  // namespace
@@ -186,7 +229,8 @@ int64_t HostMemoryBytes(const std::string& cgroup_root, const std::string& self_
 }
 
 constexpr int kMaxSyncThreads = 32;
-constexpr int kMaxStreamsPerConnection = 1000;
+// How often the drain closes the connections left without a call.
+constexpr auto kCloserPeriod = std::chrono::milliseconds(20);
 
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
@@ -194,9 +238,10 @@ struct FuseboxServer::State {
   Authenticator auth;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<KernelServiceImpl> service;
+  std::unique_ptr<Connections> connections;  // outlives the server, whose sockets it sees
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  // The sweeper: idle expiry and stalled calls.
+  // The sweeper: idle expiry, stalled calls, quiet connections.
   std::thread sweeper;
   std::mutex mu;
   std::condition_variable cv;
@@ -247,13 +292,16 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   if (!backend.ok()) return backend.status();
   s->backend = *std::move(backend);
 
-  const StoreLimits limits = ChooseStoreLimits(o, *s->backend);
+  // Anonymous callers are one tenant.
+  const size_t tenants = s->auth.open() ? 1 : s->auth.tenants();
+  const StoreLimits limits = ChooseStoreLimits(o, *s->backend, tenants);
   s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
-  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors, idle "
-      "expiry %g s",
+  Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors (%lld per "
+      "tenant), idle expiry %g s",
       static_cast<long long>(limits.budget_bytes >> 20),
       static_cast<long long>(limits.tenant_quota_bytes >> 20),
-      static_cast<long long>(limits.max_tensors), limits.idle_expiry_seconds);
+      static_cast<long long>(limits.max_tensors),
+      static_cast<long long>(limits.max_tensors_per_tenant), limits.idle_expiry_seconds);
 
   if (!o.metrics_address.empty()) {
     auto m = Metrics::Start(o.metrics_address, s->backend.get());
@@ -277,15 +325,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   request_limits.max_output_bytes = o.max_message_bytes - 4096;  // room for the rest of the reply
   request_limits.max_inflight_bytes =
       o.inflight_bytes > 0 ? o.inflight_bytes : HostMemoryBytes() / 4;
+  request_limits.max_tenant_inflight_bytes =
+      o.tenant_inflight_share > 0
+          ? static_cast<int64_t>(static_cast<double>(request_limits.max_inflight_bytes) *
+                                 o.tenant_inflight_share)
+          : request_limits.max_inflight_bytes / FairShareDivisor(tenants);
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
   request_limits.max_message_bytes = o.max_message_bytes;
   // gRPC's own buffers (requests still arriving, replies on their way): as much as the
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =
       std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
-  Log("calls in flight: up to %lld MiB of inline tensors, gRPC's buffers up to %lld MiB; "
-      "cancelled after %g s waiting on their client",
+  Log("calls in flight: up to %lld MiB of inline tensors (%lld MiB per tenant), gRPC's buffers "
+      "up to %lld MiB; cancelled after %g s waiting on their client (and 1 s per MiB)",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),
+      static_cast<long long>(request_limits.max_tenant_inflight_bytes >> 20),
       static_cast<long long>(grpc_quota_bytes >> 20), o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
                                                    s->store.get(), &s->auth, request_limits);
@@ -304,9 +358,32 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // service is on the callback API and needs none of them).
   quota.SetMaxThreads(kMaxSyncThreads);
   builder.SetResourceQuota(quota);
-  // A stream costs gRPC about 12 KB until its request is whole, outside the quota: at most
-  // this many at once on one connection (a client past it waits for one to end).
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxStreamsPerConnection);
+  // A stream costs gRPC about 11 KB until its request is whole, outside the quota, and gRPC
+  // gives a request no deadline to arrive in: so few streams a connection (a client past it
+  // waits for one to end), few connections, and the connections that carry no call and
+  // receive too little closed (Connections). Handshakes are short: a connection that sends
+  // nothing holds its descriptor that long.
+  const DescriptorBudget descriptors = ChooseDescriptorBudget(o.max_connections);
+  Connections::Limits connection_limits;
+  connection_limits.max_connections = descriptors.max_connections;
+  connection_limits.backlog = descriptors.backlog;
+  connection_limits.max_refusing = descriptors.max_refusing;
+  connection_limits.quiet_timeout_seconds = o.arrival_timeout_seconds;
+  connection_limits.min_bytes_per_second = StallWatch::kMinClientBytesPerSecond;
+  s->connections = std::make_unique<Connections>(connection_limits);
+  builder.SetOption(s->connections->BuilderOption());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> counters;
+  counters.push_back(s->connections->CallCounter());
+  builder.experimental().SetInterceptorCreators(std::move(counters));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(o.max_streams_per_connection));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(o.handshake_timeout_seconds * 1000));
+  if (o.arrival_timeout_seconds > 0) {  // idle: GOAWAY first, which clients follow gently
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        static_cast<int>(std::max(1.0, o.arrival_timeout_seconds * 500)));
+  }
   builder.RegisterService(s->service.get());
   s->server = builder.BuildAndStart();
   if (!s->server || s->port == 0) {
@@ -315,10 +392,24 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   }
   s->server->GetHealthCheckService()->SetServingStatus(true);
   if (TlsEnabled(o)) s->tls_watch = std::make_unique<TlsFileWatch>(o);
+  if (!s->connections->watching()) {
+    Log("WARNING: gRPC did not show its sockets to the connection limit; connections are "
+        "not limited");
+  }
+  const int listeners = s->connections->SetBacklog();
+  Log("connections: up to %lld at once (%lld file descriptors, listen backlog %lld over %d "
+      "sockets), %lld streams each, handshake within %g s, closed after %g s without a call "
+      "being served (and 1 s per MiB received)",
+      static_cast<long long>(connection_limits.max_connections),
+      static_cast<long long>(descriptors.descriptors),
+      static_cast<long long>(descriptors.backlog), listeners,
+      static_cast<long long>(o.max_streams_per_connection), o.handshake_timeout_seconds,
+      o.arrival_timeout_seconds);
 
   // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s).
   double limit_seconds = 0;
-  for (double t : {limits.idle_expiry_seconds, o.stall_timeout_seconds}) {
+  for (double t : {limits.idle_expiry_seconds, o.stall_timeout_seconds,
+                   o.arrival_timeout_seconds}) {
     if (t > 0) limit_seconds = limit_seconds > 0 ? std::min(limit_seconds, t) : t;
   }
   if (limit_seconds > 0) {
@@ -326,12 +417,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
         std::clamp<int64_t>(static_cast<int64_t>(limit_seconds * 250), 10, 10000));
     State* st = s.get();
     s->sweeper = std::thread([st, period] {
+      int64_t refused = 0;  // logged so far
       std::unique_lock<std::mutex> lock(st->mu);
       while (!st->cv.wait_for(lock, period, [st] { return st->stopping; })) {
         lock.unlock();
         if (int n = st->store->ExpireIdle(); n > 0) Log("expired %d idle tensors", n);
         if (int n = st->service->CancelStalled(); n > 0) {
           Log("cancelled %d calls that waited on their clients too long", n);
+        }
+        if (int n = st->connections->CloseQuiet(SteadyNowNs()); n > 0) {
+          Log("closed %d connections idle or with requests arriving too slowly", n);
+        }
+        if (const int64_t n = st->connections->refused(); n > refused) {
+          Log("refused %lld connections past the limit (--max_connections)",
+              static_cast<long long>(n - refused));
+          refused = n;
         }
         lock.lock();
       }
@@ -351,7 +451,21 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
     }
     const auto deadline = std::chrono::system_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(drain_seconds * 1000));
+    // gRPC takes no new call once its shutdown has begun, and a request still arriving would
+    // fail only once it was whole; the connections without a call in flight close meanwhile,
+    // as their calls end, so such requests fail at once (UNAVAILABLE) and idle clients do not
+    // hold up the drain. The first look waits for gRPC's listeners to stop and its GOAWAY.
+    std::atomic<bool> drained{false};
+    std::thread closer([this, &drained] {
+      std::this_thread::sleep_for(kCloserPeriod);
+      while (!drained) {
+        s_->connections->CloseIdle();
+        std::this_thread::sleep_for(kCloserPeriod);
+      }
+    });
     s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
+    drained = true;
+    closer.join();
     // The sweeper ran until now: a call that stalls during the notice or the drain is
     // still cancelled, and holds up neither.
     {

@@ -116,13 +116,8 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     // The request's inline inputs, and the output where the host holds it: twice, as gRPC
     // serializes its own copy of the reply.
     const int64_t held = p->bytes_in + (on_host ? 2 * bytes : 0);
-    p->inflight = ctx.inflight->TryReserve(held);
-    if (p->inflight == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", ctx.inflight->used(), " bytes of tensors for calls in flight, ",
-          "and this one needs ", held, " more (limit ", ctx.inflight->limit(),
-          ", --inflight_mib); retry later"));
-    }
+    p->inflight = ctx.inflight->TryReserve(held, ctx.tenant);
+    if (p->inflight == nullptr) return ctx.inflight->Refusal(held, ctx.tenant, "call");
   }
   if (keep) {
     auto t = ctx.store->Create(ctx.tenant, dtype, shape);

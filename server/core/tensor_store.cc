@@ -29,10 +29,14 @@ std::string NewHandle() {
 }  // namespace
 
 struct TensorStore::Accounts {
+  struct Tenant {
+    int64_t bytes = 0;
+    int64_t tensors = 0;
+  };
   std::mutex mu;
   int64_t used = 0;
   int64_t tensors = 0;
-  std::map<std::string, int64_t> by_tenant;
+  std::map<std::string, Tenant> by_tenant;  // tenants holding a tensor
 };
 
 TensorStore::TensorStore(Backend* backend, StoreLimits limits)
@@ -52,11 +56,18 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
   }
   {
     std::lock_guard<std::mutex> lock(accounts_->mu);
-    int64_t& mine = accounts_->by_tenant[tenant];
-    if (mine + bytes > limits_.tenant_quota_bytes) {
+    const auto it = accounts_->by_tenant.find(tenant);
+    const Accounts::Tenant mine =
+        it == accounts_->by_tenant.end() ? Accounts::Tenant{} : it->second;
+    if (mine.bytes + bytes > limits_.tenant_quota_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "your quota is full: you hold ", mine.bytes, " of ", limits_.tenant_quota_bytes,
+          " bytes and asked for ", bytes, " more; free tensors first"));
+    }
+    if (mine.tensors >= limits_.max_tensors_per_tenant) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("your quota is full: you hold ", mine, " of ", limits_.tenant_quota_bytes,
-                       " bytes and asked for ", bytes, " more; free tensors first"));
+          absl::StrCat("you hold ", mine.tensors, " tensors, the most one tenant may "
+                       "(--max_tensors_per_tenant); free tensors first"));
     }
     if (accounts_->used + bytes > limits_.budget_bytes) {
       return absl::ResourceExhaustedError(
@@ -68,7 +79,9 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
           "the server holds ", accounts_->tensors, " tensors, its limit for all tenants "
           "(--max_tensors); retry later or free tensors"));
     }
-    mine += bytes;
+    Accounts::Tenant& account = accounts_->by_tenant[tenant];
+    account.bytes += bytes;
+    ++account.tensors;
     accounts_->used += bytes;
     ++accounts_->tensors;
   }
@@ -79,7 +92,9 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
       std::lock_guard<std::mutex> lock(acc->mu);
       acc->used -= bytes;
       --acc->tensors;
-      if ((acc->by_tenant[tenant] -= bytes) == 0) acc->by_tenant.erase(tenant);
+      Accounts::Tenant& account = acc->by_tenant[tenant];
+      account.bytes -= bytes;
+      if (--account.tensors == 0) acc->by_tenant.erase(tenant);
     }
   });
   auto buffer = backend_->Allocate(static_cast<size_t>(bytes));
@@ -164,7 +179,7 @@ int TensorStore::ExpireIdle() {
 int64_t TensorStore::TenantUsedBytes(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(accounts_->mu);
   auto it = accounts_->by_tenant.find(tenant);
-  return it == accounts_->by_tenant.end() ? 0 : it->second;
+  return it == accounts_->by_tenant.end() ? 0 : it->second.bytes;
 }
 
 StoreStats TensorStore::stats() const {

@@ -28,6 +28,9 @@ struct StoreLimits {
   // Tensors at once, all tenants, uncommitted ones included: each also costs 0.6-1.5 KB of
   // host memory, which its bytes (0 for an empty one) do not count.
   int64_t max_tensors = 1000000;
+  // Tensors at once, one tenant's: so one cannot take every place in the table (empty
+  // tensors cost no quota).
+  int64_t max_tensors_per_tenant = 1000000;
 };
 
 struct StoredTensor {

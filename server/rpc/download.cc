@@ -55,7 +55,7 @@ class KernelServiceImpl::DownloadReactor final
     chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
                        kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});
     // A chunk is in host memory twice while it is sent: ours, and gRPC's serialized copy.
-    auto token = svc_->ReserveTransfer(2 * std::min(chunk_, tensor_->bytes), "download",
+    auto token = svc_->ReserveTransfer(c->tenant, 2 * std::min(chunk_, tensor_->bytes), "download",
                                        ", or ask for a smaller chunk_bytes");
     if (!token.ok()) {
       End(ToGrpcStatus(token.status()));
@@ -66,7 +66,7 @@ class KernelServiceImpl::DownloadReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    stall_.Working();
+    stall_.Working(static_cast<int64_t>(msg_.data().size()));
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
       return;
@@ -114,7 +114,7 @@ class KernelServiceImpl::DownloadReactor final
     svc_->RecordOther("Download", s, 0, sent_);
     msg_.Clear();
     held_.reset();
-    stall_.Waiting();
+    stall_.Finishing();
     Finish(s);
   }
 

@@ -35,21 +35,20 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
       auth_(auth),
       limits_(limits),
       inflight_(limits.max_inflight_bytes > 0
-                    ? std::make_unique<InflightBytes>(limits.max_inflight_bytes)
+                    ? std::make_unique<InflightBytes>(limits.max_inflight_bytes,
+                                                      limits.max_tenant_inflight_bytes)
                     : nullptr),
       stalls_(limits.stall_timeout_seconds) {}
 
 int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
 
 absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
-    int64_t bytes, const char* what, const char* advice) const {
+    const std::string& tenant, int64_t bytes, const char* what, const char* advice) const {
   if (inflight_ == nullptr) return std::shared_ptr<void>();
-  std::shared_ptr<void> token = inflight_->TryReserve(bytes);
+  std::shared_ptr<void> token = inflight_->TryReserve(bytes, tenant);
   if (token == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", inflight_->used(), " bytes for calls in flight, and this ", what,
-        " needs ", bytes, " more (limit ", inflight_->limit(), ", --inflight_mib); retry later",
-        advice));
+    const absl::Status refused = inflight_->Refusal(bytes, tenant, what);
+    return absl::ResourceExhaustedError(absl::StrCat(refused.message(), advice));
   }
   return token;
 }

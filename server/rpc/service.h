@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/rpc/auth.h"
@@ -64,10 +65,11 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   // Fills a ListTensors reply, after reserving in-flight budget for a large one in *held.
   grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
                         v1::ListTensorsResponse* resp, std::shared_ptr<void>* held) const;
-  // Reserves `bytes` of the in-flight budget for a transfer's or a listing's buffers: a token
-  // to hold while they live (null where there is no limit), or RESOURCE_EXHAUSTED naming
-  // `what` and ending with `advice`.
-  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what,
+  // Reserves `bytes` of the in-flight budget (and of `tenant`'s share) for a transfer's or a
+  // listing's buffers: a token to hold while they live (null where there is no limit), or
+  // RESOURCE_EXHAUSTED naming `what` and ending with `advice`.
+  absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(const std::string& tenant, int64_t bytes,
+                                                        const char* what,
                                                         const char* advice) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;

@@ -32,7 +32,7 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
   // Sends the reply (`bytes` of tensor data); until it has gone the call waits on its client.
   void Reply(const grpc::Status& s, int64_t bytes) {
-    stall_.Waiting(bytes);
+    stall_.Finishing(bytes);
     Finish(s);
   }
   void OnDone() override {

@@ -8,16 +8,41 @@ namespace fusebox {
 StallWatch::StallWatch(double timeout_seconds)
     : timeout_ns_(static_cast<int64_t>(timeout_seconds * 1e9)) {}
 
-void StallWatch::Call::Waiting(int64_t bytes) {
-  if (watch_ == nullptr || watch_->timeout_ns_ <= 0) return;
-  const double transit_ns = 1e9 * static_cast<double>(bytes) / kMinClientBytesPerSecond;
-  const int64_t until = SteadyNowNs() + watch_->timeout_ns_ + static_cast<int64_t>(transit_ns);
-  std::lock_guard<std::mutex> lock(watch_->mu_);
-  watch_->waiting_[this] = {ctx_, until};
+namespace {
+
+int64_t TransitNs(int64_t bytes) {
+  return static_cast<int64_t>(1e9 * static_cast<double>(bytes) /
+                              StallWatch::kMinClientBytesPerSecond);
 }
 
-void StallWatch::Call::Working() {
+}  // namespace
+
+void StallWatch::Call::Waiting(int64_t bytes) {
   if (watch_ == nullptr || watch_->timeout_ns_ <= 0) return;
+  const int64_t now = SteadyNowNs();
+  wait_started_ns_ = now;
+  WaitUntil(now + watch_->timeout_ns_ + TransitNs(moved_ + bytes) - waited_ns_);
+}
+
+void StallWatch::Call::Finishing(int64_t bytes) {
+  if (watch_ == nullptr || watch_->timeout_ns_ <= 0) return;
+  const int64_t now = SteadyNowNs();
+  wait_started_ns_ = now;
+  WaitUntil(now + watch_->timeout_ns_ + TransitNs(bytes));
+}
+
+void StallWatch::Call::WaitUntil(int64_t until_ns) {
+  std::lock_guard<std::mutex> lock(watch_->mu_);
+  watch_->waiting_[this] = {ctx_, until_ns};
+}
+
+void StallWatch::Call::Working(int64_t moved) {
+  if (watch_ == nullptr || watch_->timeout_ns_ <= 0) return;
+  if (wait_started_ns_ >= 0) {
+    waited_ns_ += SteadyNowNs() - wait_started_ns_;
+    wait_started_ns_ = -1;
+  }
+  moved_ += moved;
   std::lock_guard<std::mutex> lock(watch_->mu_);
   watch_->waiting_.erase(this);
 }

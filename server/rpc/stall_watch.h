@@ -1,10 +1,13 @@
 // StallWatch: cancels a call that has waited on its client for longer than it should (an
 // Upload's next message, a Download's next chunk, a reply the client does not take), so a
-// stalled or vanished client cannot hold tensor memory or in-flight bytes until its
-// connection ends. A wait may last the timeout plus one second per MiB of the message in
-// transit (a client slower than 1 MiB/s on a message counts as stalled). A reactor holds a
-// StallWatch::Call and marks when it starts and stops waiting; the server's sweeper calls
-// CancelStalled. Thread-safe.
+// stalled, vanished or trickling client cannot hold tensor memory or in-flight bytes until its
+// connection ends. A call's waits on its client may last, all together, the timeout plus one
+// second per MiB it has moved and might move in the message it waits for: a client must keep
+// to 1 MiB/s on average after the timeout's grace, and tiny messages buy no more time than
+// their bytes (a time allowance per message would let one byte every few seconds hold a
+// reservation for ever). The last wait, for the reply or the status, has an allowance of its
+// own. A reactor holds a StallWatch::Call and marks when it starts and stops waiting; the
+// server's sweeper calls CancelStalled. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -31,13 +34,23 @@ class StallWatch {
     ~Call() { Working(); }
     Call(const Call&) = delete;
     Call& operator=(const Call&) = delete;
-    // From now on the call waits on its client, to move a message of `bytes`.
-    void Waiting(int64_t bytes = 0);
-    void Working();  // it no longer does
+    // From now on the call waits on its client, to move a message of `bytes` at most: within
+    // what is left of the call's allowance.
+    void Waiting(int64_t bytes);
+    // From now on the call waits on its client to take its last message (the reply, `bytes`,
+    // or the status alone): within the timeout and the time `bytes` take, whatever came before.
+    void Finishing(int64_t bytes = 0);
+    // It no longer waits; `moved` bytes came or went meanwhile.
+    void Working(int64_t moved = 0);
 
    private:
+    void WaitUntil(int64_t until_ns);
+
     StallWatch* const watch_;
     grpc::ServerContextBase* const ctx_;
+    int64_t wait_started_ns_ = -1;  // -1: not waiting
+    int64_t waited_ns_ = 0;         // all the call's waits that have ended
+    int64_t moved_ = 0;             // bytes they moved
   };
 
   // Cancels every call whose wait has run past its allowance at `now_ns` (steady clock);

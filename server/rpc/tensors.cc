@@ -82,7 +82,8 @@ grpc::Status KernelServiceImpl::ListInto(const grpc::CallbackServerContext& ctx,
                                      " a reply may hold; ask for one handle at a time"));
   }
   if (bytes >= kSmallReplyBytes) {  // a listing of a few tensors takes no budget
-    auto token = ReserveTransfer(2 * bytes, "listing", ", or ask for one handle at a time");
+    auto token =
+        ReserveTransfer(c->tenant, 2 * bytes, "listing", ", or ask for one handle at a time");
     if (!token.ok()) return ToGrpcStatus(token.status());
     *held = *std::move(token);
   }

@@ -41,7 +41,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
   void OnReadDone(bool ok) override {
-    stall_.Working();
+    stall_.Working(ok ? static_cast<int64_t>(msg_.data().size()) : 0);
     if (!ok) {  // the client closed its side, or the call broke
       Complete();
       return;
@@ -62,7 +62,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     }
     if (n > held_bytes_) {  // this message, in host memory until it is copied in
       held_.reset();
-      auto token = svc_->ReserveTransfer(n, "upload", ", or send smaller messages");
+      auto token = svc_->ReserveTransfer(tenant_, n, "upload", ", or send smaller messages");
       if (!token.ok()) return Fail(token.status());
       held_ = *std::move(token);
       held_bytes_ = n;
@@ -86,10 +86,10 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   }
 
  private:
-  // The next message is allowed as long as the largest it could be needs (StallWatch): the
-  // first, with the header, up to the message limit; a later one, the bytes still missing and
-  // its framing. So a client sending at 1 MiB/s or faster is never cancelled, however it
-  // sizes its messages.
+  // The next message may take what is left of the upload's allowance (StallWatch) with the
+  // largest it could be: the first, with the header, up to the message limit; a later one, the
+  // bytes still missing and its framing. So a client sending at 1 MiB/s or faster is never
+  // cancelled, however it sizes its messages, and one that trickles is, however often it sends.
   void Read() {
     const int64_t limit = svc_->limits_.max_message_bytes;
     stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
@@ -138,7 +138,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     svc_->RecordOther("Upload", s, written_, 0);
     msg_.Clear();
     held_.reset();
-    stall_.Waiting();
+    stall_.Finishing();
     Finish(s);
   }
 

@@ -287,6 +287,30 @@ TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
   EXPECT_NE(f.TryReserve(60), nullptr);
 }
 
+TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
+  InflightBytes f(100, 40);
+  auto a = f.TryReserve(30, "a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(f.TryReserve(20, "a"), nullptr);  // 50 > its 40
+  const absl::Status why = f.Refusal(20, "a", "call");
+  EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(why.message()).find("--tenant_inflight_share"), std::string::npos) << why;
+  auto b = f.TryReserve(40, "b");  // another tenant's share is its own
+  EXPECT_NE(b, nullptr);
+  EXPECT_NE(f.TryReserve(10, "a"), nullptr);  // up to its share
+  auto c = f.TryReserve(90, "c");  // holding nothing: one call of any size the server has room for
+  EXPECT_EQ(c, nullptr);
+  EXPECT_NE(std::string(f.Refusal(90, "c", "call").message()).find("--inflight_mib"),
+            std::string::npos);
+  auto nothing = f.TryReserve(0, "a");  // outlives the tenant's other reservations
+  a.reset();
+  b.reset();
+  nothing.reset();
+  EXPECT_EQ(f.used(), 0);
+  EXPECT_EQ(f.used_by("a"), 0);
+  EXPECT_NE(f.TryReserve(90, "c"), nullptr);  // alone: past its share
+}
+
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {
   const int64_t big = int64_t{1} << 31;
   for (auto [m, n] : {std::pair<int64_t, int64_t>{big, 1}, std::pair<int64_t, int64_t>{1, big}}) {

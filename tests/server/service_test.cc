@@ -611,11 +611,12 @@ TEST_F(ServiceTest, AnUploadStalledAfterItsHeaderIsCancelledAndItsBudgetReturned
   EXPECT_EQ(List().tensors_size(), 1);  // the other upload's only
 }
 
-TEST_F(ServiceTest, AnUploadThatKeepsSendingOutlivesTheStallTimeout) {
+TEST_F(ServiceTest, AnUploadThatKeepsSendingAtTheMinimumRateOutlivesTheStallTimeout) {
   ServerOptions o;
-  o.stall_timeout_seconds = 0.3;
+  o.stall_timeout_seconds = 0.3;  // all its waits may take 0.3 s + 1 s per MiB: 2.3 s
   StartServer(o);
-  const auto a = RandomFloats(16 * 1024);  // 16 messages of 4 KiB, 100 ms apart: 1.6 s
+  // 16 messages of 128 KiB, 100 ms apart: 1.6 s, 1.25 MiB/s.
+  const auto a = RandomFloats(16 * 32 * 1024);
   auto ctx = Ctx();
   v1::UploadResponse resp;
   auto w = stub_->Upload(ctx.get(), &resp);
@@ -623,9 +624,9 @@ TEST_F(ServiceTest, AnUploadThatKeepsSendingOutlivesTheStallTimeout) {
     v1::UploadRequest m;
     if (i == 0) {
       m.set_dtype(v1::FLOAT32);
-      m.add_shape(16 * 1024);
+      m.add_shape(16 * 32 * 1024);
     }
-    m.set_data(a.data() + i * 4096, 4096);
+    m.set_data(a.data() + i * 128 * 1024, 128 * 1024);
     ASSERT_TRUE(w->Write(m));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -924,6 +925,52 @@ TEST_F(ServiceTest, AnUploadsLaterMessageLargerThanAnyBeforeOutlivesTheStallTime
   EXPECT_EQ(back, std::string(a.begin(), a.end()));
 }
 
+// A Download read slowly for longer than the arrival timeout: its connection receives next to
+// nothing (the reader's window updates) but serves a call, so it stays open. Calls are matched
+// to their connections by peer address: IPv4, and IPv6 where the host has it.
+TEST(ServiceConnectionTest, AConnectionServingACallIsNotClosedForReceivingLittle) {
+  for (const std::string host : {"127.0.0.1", "[::1]"}) {
+    ServerOptions o;
+    o.address = host + ":0";
+    o.backend.kind = "cpu";
+    o.arrival_timeout_seconds = 0.3;
+    auto server = FuseboxServer::Start(o);
+    if (!server.ok() && host != "127.0.0.1") continue;  // no IPv6 here
+    ASSERT_TRUE(server.ok()) << server.status();
+    const std::string target = host + ":" + std::to_string((*server)->port());
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // the server writes only as fast as we read
+    auto stub = KernelService::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+    const auto a = RandomFloats(1 << 18);  // 1 MiB
+    grpc::ClientContext up;
+    v1::UploadResponse uploaded;
+    auto w = stub->Upload(&up, &uploaded);
+    v1::UploadRequest m;
+    m.set_dtype(v1::FLOAT32);
+    m.add_shape(1 << 18);
+    m.set_data(a.data(), a.size());
+    ASSERT_TRUE(w->Write(m));
+    w->WritesDone();
+    ASSERT_TRUE(w->Finish().ok());
+    grpc::ClientContext down;
+    v1::DownloadRequest req;
+    req.set_handle(uploaded.tensor().handle());
+    req.set_chunk_bytes(16 << 10);
+    auto r = stub->Download(&down, req);
+    v1::DownloadResponse chunk;
+    std::string got;
+    while (r->Read(&chunk)) {  // 64 chunks, one each 25 ms: 1.6 s
+      got += chunk.data();
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    const grpc::Status s = r->Finish();
+    EXPECT_TRUE(s.ok()) << host << ": " << s.error_message();
+    EXPECT_EQ(got, std::string(a.begin(), a.end())) << host;
+    (*server)->Shutdown(5);
+  }
+}
+
 TEST_F(ServiceTest, StalledCallsAreStillCancelledWhileTheServerDrains) {
   ServerOptions o;
   o.stall_timeout_seconds = 0.05;
@@ -1008,6 +1055,90 @@ TEST_F(ServiceTest, TransfersOneAfterAnotherEachFitAloneUnderASmallInflightLimit
     ASSERT_TRUE(stub_->FreeTensor(ctx.get(), free, &freed).ok());
     ASSERT_EQ(List().tensors_size(), 1);  // a small listing takes no budget
   }
+}
+
+// A client that sends a byte now and then, each well within the stall timeout, still keeps to
+// no rate: its waits add up, and the upload is cancelled once they pass the timeout and the
+// time its bytes take at 1 MiB/s, its reservation returned.
+TEST_F(ServiceTest, AnUploadTricklingOneByteAtATimeIsCancelledWithinItsAllowance) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.3;  // 1 MiB to come: its waits may take 0.3 s + about 1 s
+  StartServer(o);
+  auto ctx = Ctx();
+  v1::UploadResponse resp;
+  auto w = stub_->Upload(ctx.get(), &resp);
+  v1::UploadRequest m;
+  m.set_dtype(v1::FLOAT32);
+  m.add_shape(1 << 18);
+  m.set_data("x");
+  const auto t0 = std::chrono::steady_clock::now();
+  bool written = w->Write(m);
+  for (int i = 0; written && i < 25; ++i) {  // one byte each 200 ms, 5 s at most
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    v1::UploadRequest byte;
+    byte.set_data("x");
+    written = w->Write(byte);
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  const grpc::Status s = w->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_GT(took, std::chrono::milliseconds(1000));  // its allowance did count its bytes
+  EXPECT_LT(took, std::chrono::milliseconds(2500)) << "the trickle kept the upload alive";
+  EXPECT_EQ(server_->store().TenantUsedBytes("anonymous"), 0);
+  EXPECT_EQ(List().tensors_size(), 0);
+}
+
+// alice's client stops taking replies: her calls hold her share of the in-flight budget and
+// no more, and bob's calls still fit.
+TEST_F(TokenServiceTest, ATenantWhoseClientTakesNoRepliesCannotStarveAnother) {
+  ServerOptions o;
+  o.token_file = path_;
+  o.inflight_bytes = 6 << 20;  // two tenants: 3 MiB each
+  StartServer(o);
+  PausableProxy proxy(server_->port());
+  ASSERT_GT(proxy.port(), 0);
+  auto alice = ConnectThenPause(proxy);
+  const v1::GeluRequest req = InlineGelu1MiB();  // holds 3 MiB until its reply has gone
+  auto c1 = Ctx("secret-a");
+  PendingGelu untaken(*alice, c1.get(), req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // answered, not taken
+  auto c2 = Ctx("secret-a");
+  PendingGelu more(*alice, c2.get(), req);  // past her share (the server's would still fit)
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto c3 = Ctx("secret-b");
+  v1::GeluResponse resp;
+  const grpc::Status bob = stub_->Gelu(c3.get(), req, &resp);
+  EXPECT_TRUE(bob.ok()) << "alice's untaken replies starve bob: " << bob.error_message();
+  proxy.Pause(false);
+  EXPECT_TRUE(untaken.Wait().ok());
+  const grpc::Status refused = more.Wait();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--tenant_inflight_share"), std::string::npos)
+      << refused.error_message();
+}
+
+// Empty tensors cost no quota; each tenant may still hold only its share of --max_tensors.
+TEST_F(TokenServiceTest, ATenantCannotTakeEveryPlaceInTheTensorTable) {
+  ServerOptions o;
+  o.token_file = path_;
+  o.max_tensors = 10;  // two tenants: 5 each
+  StartServer(o);
+  int held = 0;
+  grpc::Status s;
+  for (int i = 0; i < 10; ++i) {
+    s = Upload({}, {0}, v1::FLOAT32, nullptr, "secret-a");
+    if (!s.ok()) break;
+    ++held;
+  }
+  EXPECT_EQ(held, 5);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(s.error_message().find("--max_tensors_per_tenant"), std::string::npos)
+      << s.error_message();
+  for (int i = 0; i < 5; ++i) {
+    s = Upload({}, {0}, v1::FLOAT32, nullptr, "secret-b");
+    EXPECT_TRUE(s.ok()) << "bob, tensor " << i << ": " << s.error_message();
+  }
+  EXPECT_EQ(List("secret-a").tensors_size(), 5);
 }
 
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {

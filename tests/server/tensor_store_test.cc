@@ -42,6 +42,23 @@ TEST_F(TensorStoreTest, FullBudgetIsResourceExhaustedAndKeepsStoredTensors) {
   EXPECT_EQ(s.stats().bytes, 800);
 }
 
+TEST_F(TensorStoreTest, TensorsPastATenantsCountAreResourceExhaustedForThatTenantOnly) {
+  StoreLimits l = Limits(1000, 1000);
+  l.max_tensors = 10;
+  l.max_tensors_per_tenant = 2;  // empty tensors cost no quota: the count is what binds
+  TensorStore s(backend_.get(), l);
+  const std::string a = Put(s, "x", 0);
+  Put(s, "x", 0);
+  auto over = s.Create("x", DType::kFloat32, {0});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(std::string(over.status().message()).find("--max_tensors_per_tenant"),
+            std::string::npos)
+      << over.status();
+  EXPECT_TRUE(s.Create("y", DType::kFloat32, {0}).ok());  // another tenant is let in
+  ASSERT_TRUE(s.Free("x", a).ok());
+  EXPECT_TRUE(s.Create("x", DType::kFloat32, {0}).ok());  // freed: room again
+}
+
 TEST_F(TensorStoreTest, TensorsPastTheCountLimitAreResourceExhaustedEmptyOnesToo) {
   StoreLimits l = Limits(1000, 1000);
   l.max_tensors = 3;  // empty tensors use no budget, but each costs host memory
