@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 #include <sys/resource.h>
 #include <semaphore.h>
@@ -61,6 +62,35 @@ void OnGrpcLog(gpr_log_func_args* args) {
     int none = 0;
     if (g_shutdown_signal.compare_exchange_strong(none, kListenerFailed)) sem_post(&g_shutdown_sem);
   }
+}
+
+// protobuf logs from whatever thread parses, and some of what it logs a client can cause at
+// will, before any token is checked (a string that is not UTF-8 in a request of a service the
+// server does not parse itself, such as reflection): at most kProtobufLinesPerMinute lines a
+// minute reach the log, and the number of those dropped follows.
+constexpr int kProtobufLinesPerMinute = 10;
+
+void OnProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                   const std::string& message) {
+  static std::mutex mu;
+  static int64_t window_start_ns = 0;
+  static int lines = 0, dropped = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const int64_t now = SteadyNowNs();
+  if (now - window_start_ns >= int64_t{60} * 1000000000) {
+    if (dropped > 0) Log("protobuf: %d more lines in the minute before were dropped", dropped);
+    window_start_ns = now;
+    lines = dropped = 0;
+  }
+  if (++lines > kProtobufLinesPerMinute) {
+    ++dropped;
+    return;
+  }
+  Log("protobuf %s %s:%d] %s",
+      level >= google::protobuf::LOGLEVEL_ERROR     ? "E"
+      : level == google::protobuf::LOGLEVEL_WARNING ? "W"
+                                                    : "I",
+      file, line, message.c_str());
 }
 
 // As many file descriptors as the hard limit allows (often 1024 of 1048576 in containers):
@@ -309,6 +339,7 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
 absl::Status RunServer(const ServerOptions& o) {
   RaiseFileLimit();
   gpr_set_log_function(OnGrpcLog);
+  google::protobuf::SetLogHandler(OnProtobufLog);
   // The hook sees only what gRPC logs: errors at least (GRPC_VERBOSITY=NONE would hide them).
   if (!gpr_should_log(GPR_LOG_SEVERITY_ERROR)) gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
   auto server = FuseboxServer::Start(o);

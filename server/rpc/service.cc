@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -25,6 +26,15 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out) {
           std::chrono::system_clock::now().time_since_epoch())
           .count() -
       idle_ms);
+}
+
+void OpReactor::Reply(const grpc::Status& s) {
+  int64_t bytes = 0;
+  if (s.ok()) bytes = SerializeReply(*response_, reply_);
+  request_.reset();
+  response_.reset();
+  stall_.Waiting(bytes);
+  Finish(s);
 }
 
 KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include <google/protobuf/message.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
 #include "fusebox/v1/kernel_service.pb.h"
@@ -17,24 +19,40 @@ namespace fusebox {
 // A held tensor as ListTensors, Upload and Download describe it.
 void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 
-// A unary call's reactor (the ops, ListTensors): holds the call's in-flight budget and
-// watches its reply until it has gone, and gives back a kept output whose handle never
-// reached the caller (the call was cancelled or passed its deadline after the commit).
+// A unary call's reactor (the ops, ListTensors). It owns the call's request and response
+// messages (the service parses and serializes them itself: messages.h), holds the call's
+// in-flight budget, watches its reply until it has gone, and gives back a kept output whose
+// handle never reached the caller (the call was cancelled or passed its deadline after the
+// commit).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
-  OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx)
-      : store_(store), ctx_(ctx), stall_(stalls, ctx) {}
+  // `reply` is the buffer gRPC sends.
+  OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx,
+            grpc::ByteBuffer* reply)
+      : store_(store), ctx_(ctx), reply_(reply), stall_(stalls, ctx) {}
+
+  // The call's messages, which live until its reply is sent.
+  template <typename Req, typename Resp>
+  std::pair<Req*, Resp*> Messages() {
+    auto* req = new Req;
+    request_.reset(req);
+    auto* resp = new Resp;
+    response_.reset(resp);
+    return {req, resp};
+  }
+  const google::protobuf::Message& request() const { return *request_; }
+
   void Kept(const StoredTensor& t) {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
-  // Held until the reply has gone (the reply's tensor bytes live until then).
-  void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
-  // Sends the reply (`bytes` of tensor data); until it has gone the call waits on its client.
-  void Reply(const grpc::Status& s, int64_t bytes) {
-    stall_.Waiting(bytes);
-    Finish(s);
-  }
+  // Held until the reply has gone.
+  void Hold(std::shared_ptr<void> inflight) { held_ = std::move(inflight); }
+
+  // Sends the status, and with OK the response. The messages go first (the serialized reply
+  // holds its own copy). Until the reply has gone the call waits on its client (StallWatch).
+  void Reply(const grpc::Status& s);
+
   void OnDone() override {
     if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
@@ -43,9 +61,11 @@ class OpReactor final : public grpc::ServerUnaryReactor {
  private:
   TensorStore* const store_;
   grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const reply_;
+  std::unique_ptr<google::protobuf::Message> request_, response_;
   std::string tenant_, handle_;
-  std::shared_ptr<void> inflight_;
-  StallWatch::Call stall_;
+  std::shared_ptr<void> held_;  // the call's in-flight reservation
+  StallWatch::Call stall_;  // last: leaves the watch first
 };
 
 }  // namespace fusebox

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -22,10 +23,10 @@ constexpr int64_t kMessageFramingBytes = 4 << 10;
 // through the backend (pinned staging -> device on CUDA) before the next chunk
 // is read, so host memory holds at most one chunk of the tensor at a time.
 // The tensor becomes visible (gets its handle) only after the last byte.
-class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
-      : svc_(svc), ctx_(ctx), resp_(resp), stall_(&svc->stalls_, ctx) {
+  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+      : svc_(svc), ctx_(ctx), reply_(reply), stall_(&svc->stalls_, ctx) {
     svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
@@ -46,6 +47,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       Complete();
       return;
     }
+    if (absl::Status parsed = ParseRequest(&wire_, &msg_); !parsed.ok()) return Fail(parsed);
     if (!tensor_) {
       if (auto s = Begin(); !s.ok()) return Fail(s);
     } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0) {
@@ -94,7 +96,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     const int64_t limit = svc_->limits_.max_message_bytes;
     stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
                            : limit);
-    StartRead(&msg_);
+    StartRead(&wire_);
   }
 
   absl::Status Begin() {
@@ -115,15 +117,18 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     if (ctx_->IsCancelled()) {
       return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
     }
+
     if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
     if (written_ != tensor_->bytes) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "the upload ended after ", written_, " of ", tensor_->bytes, " bytes; nothing was kept")));
     }
     svc_->store_->Commit(tensor_);
-    FillInfo(*tensor_, resp_->mutable_tensor());
+    v1::UploadResponse resp;
+    FillInfo(*tensor_, resp.mutable_tensor());
     const double secs = (SteadyNowNs() - started_ns_) / 1e9;
-    resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    resp.set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    SerializeReply(resp, reply_);
     End(grpc::Status::OK);
   }
 
@@ -137,6 +142,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   void End(const grpc::Status& s) {
     svc_->RecordOther("Upload", s, written_, 0);
     msg_.Clear();
+    wire_.Clear();
     held_.reset();
     stall_.Waiting();
     Finish(s);
@@ -144,9 +150,10 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   KernelServiceImpl* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  v1::UploadResponse* const resp_;
+  grpc::ByteBuffer* const reply_;
   std::string tenant_;
-  v1::UploadRequest msg_;
+  grpc::ByteBuffer wire_;  // the next message as it arrives
+  v1::UploadRequest msg_;  // and parsed
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
@@ -155,8 +162,8 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 
-grpc::ServerReadReactor<v1::UploadRequest>* KernelServiceImpl::Upload(
-    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* KernelServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   return new UploadReactor(this, ctx, resp);
 }
 

@@ -37,14 +37,14 @@ def _die_with_parent():
 class Server:
     """A fusebox-server child process; always killed by stop()/kill(), or with pytest."""
 
-    def __init__(self, *flags, preexec_fn=None):
+    def __init__(self, *flags, preexec_fn=None, stderr=None):
         def setup():
             _die_with_parent()
             if preexec_fn is not None:
                 preexec_fn()
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=setup)
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr, preexec_fn=setup)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -730,3 +730,71 @@ def test_download_default_chunks_fit_a_stock_grpc_client(client, server):
     finally:
         client.free(h)
 
+
+# --- requests the server parses itself ----------------------------------------------------
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number, *body):
+    size = sum(len(b) for b in body)
+    return b"".join([_varint(number << 3 | 2), _varint(size), *body])
+
+
+def _free_port():
+    import socket
+    with socket.socket() as k:
+        k.bind(("127.0.0.1", 0))
+        return k.getsockname()[1]
+
+
+def test_bodies_that_do_not_parse_are_invalid_argument_counted_and_logged_at_most_a_little(
+        tmp_path):
+    import urllib.request
+    metrics_port = _free_port()
+    log = tmp_path / "stderr"
+    with open(log, "wb") as err:
+        s = Server(f"--metrics_address=127.0.0.1:{metrics_port}", stderr=err)
+    try:
+        methods = ["Gelu", "Softmax", "RowSum", "MatmulRelu", "Upload", "Download", "FreeTensor",
+                   "ListTensors"]
+        with grpc.insecure_channel(s.address) as ch:
+            for m in methods:  # not protobuf at all
+                with pytest.raises(grpc.RpcError) as e:
+                    ch.unary_unary(f"/fusebox.v1.KernelService/{m}")(b"\xff\xff\xff", timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (m, e.value)
+                assert "not a well-formed protobuf message" in e.value.details(), m
+            free = ch.unary_unary("/fusebox.v1.KernelService/FreeTensor")
+            for _ in range(200):  # a handle that is not UTF-8: protobuf would log each
+                with pytest.raises(grpc.RpcError) as e:
+                    free(_len_field(1, b"\xc3\x28"), timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+                assert "is not valid UTF-8" in e.value.details()
+            # Reflection is parsed by protobuf, which logs such a string: a few lines at most.
+            reflect = ch.stream_stream(
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+            for _ in range(100):
+                try:
+                    list(reflect(iter([_len_field(3, b"\xc3\x28")]), timeout=30))
+                except grpc.RpcError:
+                    pass
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                      timeout=10).read().decode()
+        for m in methods:
+            counted = [float(l.split()[-1]) for l in text.splitlines()
+                       if l.startswith("fusebox_calls_total{") and f'method="{m}"' in l
+                       and 'code="INVALID_ARGUMENT"' in l]
+            assert counted == [201 if m == "FreeTensor" else 1], (m, counted)
+        with Client(s.address) as c:
+            expect_still_serving(c)
+        assert s.stop(30) == 0
+        lines = [l for l in log.read_text(errors="replace").splitlines() if "UTF-8" in l]
+        assert 1 <= len(lines) <= 10, lines[:3] + [f"... {len(lines)} lines"]
+    finally:
+        s.kill()

@@ -2,6 +2,8 @@
 // backend): resident tensors (upload, download, chaining, free, expiry,
 // budget, quota, owners), bad requests, and that the server keeps serving.
 #include <arpa/inet.h>
+#include <google/protobuf/stubs/logging.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -1325,6 +1327,85 @@ TEST_F(ServiceTest, MetricsPhasesMatchTheResponsesTimingLaunchIncluded) {
 }
 
 // A service of the test's own making on a loopback port, and a stub for it.
+// One call to `method` of KernelService with `body` as its request's bytes, whatever they
+// are (a unary call: one message each way, for streaming methods too).
+grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& body) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1), reply;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/fusebox.v1.KernelService/" + method, grpc::StubOptions(), &request,
+                 &reply, [&](grpc::Status s) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+const char* const kMethods[] = {"Gelu",   "Softmax",  "RowSum",     "MatmulRelu",
+                                "Upload", "Download", "FreeTensor", "ListTensors"};
+
+// A body that is not a protobuf message at all, for every method: INVALID_ARGUMENT with the
+// reason, and counted in fusebox_calls_total like any other bad request.
+TEST_F(ServiceTest, BodiesThatDoNotParseAreInvalidArgumentWithAReasonAndCounted) {
+  const int metrics_port = StartServerWithMetrics();
+  if (metrics_port == 0) GTEST_SKIP() << "no free port for /metrics";
+  for (const char* method : kMethods) {
+    for (const std::string& body : {std::string("\xff\xff\xff", 3), std::string("\x0a\x05\x01", 3),
+                                    std::string("\x00", 1)}) {
+      const grpc::Status s = RawCall(channel_, method, body);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+      EXPECT_NE(s.error_message().find("not a well-formed protobuf message"), std::string::npos)
+          << method << ": " << s.error_message();
+    }
+  }
+  const std::string text = HttpGet(metrics_port, "/metrics");
+  for (const char* method : kMethods) {
+    EXPECT_EQ(MetricValue(text, "fusebox_calls_total",
+                          {"method=\"" + std::string(method) + "\"", "code=\"INVALID_ARGUMENT\""}),
+              3)
+        << method;
+  }
+  v1::GeluRequest good = KeptGelu(4);
+  good.clear_output_options();
+  v1::GeluResponse resp;
+  EXPECT_TRUE(stub_->Gelu(Ctx().get(), good, &resp).ok());  // and serving goes on
+}
+
+// protobuf logs a line for each string field that is not UTF-8 as it parses it; the server
+// checks the bytes first and refuses such a request without a line.
+TEST_F(ServiceTest, HandlesThatAreNotUtf8AreInvalidArgumentAndLogNothing) {
+  StartServer({});
+  static std::atomic<int> lines{0};
+  lines = 0;
+  auto* before = google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) { ++lines; });
+  const std::string bad_handle("\x0a\x02\xc3\x28", 4);  // field 1, "\xc3\x28"
+  const std::pair<const char*, std::string> calls[] = {
+      {"FreeTensor", bad_handle},
+      {"ListTensors", bad_handle},
+      {"Download", bad_handle},
+      {"Gelu", std::string("\x0a\x04\x12\x02\xc3\x28", 6)},             // input.handle
+      {"MatmulRelu", std::string("\x1a\x04\x12\x02\xed\xa0\x80", 7)},  // bias.handle: a surrogate
+  };
+  for (int i = 0; i < 20; ++i) {
+    for (const auto& [method, body] : calls) {
+      const grpc::Status s = RawCall(channel_, method, body);
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+      ASSERT_NE(s.error_message().find("is not valid UTF-8"), std::string::npos)
+          << method << ": " << s.error_message();
+    }
+  }
+  google::protobuf::SetLogHandler(before);
+  EXPECT_EQ(lines.load(), 0) << "protobuf logged for requests the server refused";
+  // UTF-8 that is valid, of 1 to 4 bytes a character, is a handle like any other.
+  v1::FreeTensorRequest free;
+  free.set_handle("h\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+  v1::FreeTensorResponse freed;
+  EXPECT_EQ(stub_->FreeTensor(Ctx().get(), free, &freed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
 struct LoopbackServer {
   explicit LoopbackServer(KernelServiceImpl* service) {
     grpc::ServerBuilder builder;
