@@ -9,11 +9,16 @@
 #include <climits>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/core/request.h"
 
 namespace fusebox {
 namespace {
+
+static_assert(kMaxRepeated == kMaxRank, "a shape's axes are a repeated field's values");
 
 using google::protobuf::Descriptor;
 using google::protobuf::FieldDescriptor;
@@ -87,14 +92,24 @@ class WireChecker {
                        : WireFormatLite::WireTypeForFieldType(
                              static_cast<WireFormatLite::FieldType>(f->type()));
       absl::Status s;
-      if (f != nullptr && wire == expected && f->type() == FieldDescriptor::TYPE_MESSAGE) {
-        s = Nested(f, depth);
-      } else if (f != nullptr && wire == expected && f->type() == FieldDescriptor::TYPE_STRING) {
-        s = Utf8(f);
-      } else if (wire > WireFormatLite::WIRETYPE_FIXED32) {
-        s = Malformed("a wire type is not 0..5");
-      } else if (!WireFormatLite::SkipField(in_, tag)) {
-        s = Malformed("it ends inside a field");
+      if (f != nullptr && wire == expected) {
+        if (f->is_repeated()) {
+          if (auto c = Count(f, 1); !c.ok()) return c;
+        }
+        if (f->type() == FieldDescriptor::TYPE_GROUP) {
+          s = Malformed("it has a group, which this API never uses");
+        } else if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+          s = Nested(f, depth);
+        } else if (f->type() == FieldDescriptor::TYPE_STRING) {
+          s = Utf8(f);
+        } else if (!WireFormatLite::SkipField(in_, tag)) {
+          s = Malformed("it ends inside a field");
+        }
+      } else if (f != nullptr && f->is_packable() &&
+                 wire == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        s = Packed(f);
+      } else {
+        s = Unknown(tag);
       }
       if (!s.ok()) return s;
     }
@@ -104,6 +119,24 @@ class WireChecker {
   static absl::Status Malformed(const std::string& why) {
     return absl::InvalidArgumentError(
         absl::StrCat("the request is not a well-formed protobuf message: ", why));
+  }
+
+  // Adds `n` values to repeated field `f` at the current path (singular messages merge when
+  // they occur again, so their fields' values add up).
+  absl::Status Count(const FieldDescriptor* f, int64_t n) {
+    path_.push_back(f);
+    auto it = std::find_if(counts_.begin(), counts_.end(),
+                           [&](const auto& c) { return c.first == path_; });
+    if (it == counts_.end()) it = counts_.insert(counts_.end(), {path_, 0});
+    path_.pop_back();
+    it->second += n;
+    if (it->second > kMaxRepeated) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f->full_name(), " has more than ", kMaxRepeated, " values",
+          f->name() == "shape" ? absl::StrCat(" (a tensor has at most ", kMaxRank, " axes)") : "",
+          "; the request was not parsed"));
+    }
+    return absl::OkStatus();
   }
 
   // The length of a length-delimited field, within what its message has left.
@@ -118,8 +151,35 @@ class WireChecker {
     uint32_t length;
     if (!Length(&length)) return Malformed("a length runs past the end");
     const CodedInputStream::Limit limit = in_->PushLimit(static_cast<int>(length));
+    path_.push_back(f);
     absl::Status s = Message(f->message_type(), depth + 1);
+    path_.pop_back();
     if (s.ok() && in_->BytesUntilLimit() != 0) s = Malformed("a message ends early");
+    in_->PopLimit(limit);
+    return s;
+  }
+
+  // A packed run of scalars: counted without being read when their size is fixed.
+  absl::Status Packed(const FieldDescriptor* f) {
+    uint32_t length;
+    if (!Length(&length)) return Malformed("a length runs past the end");
+    const WireFormatLite::WireType one =
+        WireFormatLite::WireTypeForFieldType(static_cast<WireFormatLite::FieldType>(f->type()));
+    const int fixed = one == WireFormatLite::WIRETYPE_FIXED32   ? 4
+                      : one == WireFormatLite::WIRETYPE_FIXED64 ? 8
+                                                                : 0;
+    if (fixed > 0) {
+      if (length % fixed != 0) return Malformed("a packed field's length is not whole values");
+      if (auto s = Count(f, length / fixed); !s.ok()) return s;
+      return in_->Skip(static_cast<int>(length)) ? absl::OkStatus()
+                                                  : Malformed("a length runs past the end");
+    }
+    const CodedInputStream::Limit limit = in_->PushLimit(static_cast<int>(length));
+    absl::Status s;
+    while (s.ok() && in_->BytesUntilLimit() > 0) {
+      uint64_t v;
+      s = in_->ReadVarint64(&v) ? Count(f, 1) : Malformed("it ends inside a varint");
+    }
     in_->PopLimit(limit);
     return s;
   }
@@ -145,7 +205,26 @@ class WireChecker {
         absl::StrCat(f->full_name(), " is not valid UTF-8; the request was not parsed"));
   }
 
+  absl::Status Unknown(uint32_t tag) {
+    const WireFormatLite::WireType wire = WireFormatLite::GetTagWireType(tag);
+    if (wire == WireFormatLite::WIRETYPE_START_GROUP ||
+        wire == WireFormatLite::WIRETYPE_END_GROUP) {
+      return Malformed("it has a group, which this API never uses");
+    }
+    if (wire > WireFormatLite::WIRETYPE_FIXED32) return Malformed("a wire type is not 0..5");
+    if (++unknown_ > kMaxUnknownFields) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the request has more than ", kMaxUnknownFields,
+          " fields this server does not know (or of the wrong wire type); it was not parsed"));
+    }
+    return WireFormatLite::SkipField(in_, tag) ? absl::OkStatus()
+                                               : Malformed("it ends inside a field");
+  }
+
   CodedInputStream* const in_;
+  std::vector<const FieldDescriptor*> path_;  // the message fields walked into
+  std::vector<std::pair<std::vector<const FieldDescriptor*>, int64_t>> counts_;
+  int unknown_ = 0;
 };
 
 }  // namespace

@@ -747,6 +747,51 @@ def _len_field(number, *body):
     return b"".join([_varint(number << 3 | 2), _varint(size), *body])
 
 
+def _peak_rss_kib_during(pid, action):
+    """Runs action(); returns its result and the server's peak VmRSS meanwhile, in KiB, and its
+    VmRSS before."""
+    clear = Path(f"/proc/{pid}/clear_refs")
+    clear.write_text("5")  # resets VmHWM to the current VmRSS
+    before = _proc_status(pid, "VmRSS")
+    result = action()
+    return result, _proc_status(pid, "VmHWM"), before
+
+
+@pytest.mark.parametrize("what", ["shape", "unknown fields"])
+def test_a_request_that_would_swell_in_parsing_is_refused_before_it_is(what):
+    # Parsing turns each one-byte packed shape value into 8 bytes of a field grown by doubling
+    # (95 MB became 1.14 GB), and each 3-byte field the schema does not know into an entry of
+    # the unknown-field set. The server checks the wire bytes first, before the token too.
+    s = Server("--malloc_retain_mib=0")
+    try:
+        n = 95_000_000
+        if what == "shape":
+            body = _len_field(1, _len_field(1, b"\x08\x01", _len_field(2, b"\x01" * n)))
+            says = "fusebox.v1.Tensor.shape has more than 64 values"
+        else:
+            body = b"\xa0\x01\x00" * (n // 3)  # field 20, empty, again and again
+            says = "fields this server does not know"
+        with grpc.insecure_channel(s.address) as ch:
+            gelu = ch.unary_unary("/fusebox.v1.KernelService/Gelu")  # bytes in, bytes out
+            grpc.channel_ready_future(ch).result(timeout=10)
+
+            def call():
+                with pytest.raises(grpc.RpcError) as e:
+                    gelu(body, timeout=60)
+                return e.value
+            err, peak, before = _peak_rss_kib_during(s.proc.pid, call)
+        grew = (peak - before) << 10
+        print(f"{what}: a {len(body) >> 20} MiB request raised the server's RSS by "
+              f"{grew >> 20} MiB at its peak")
+        assert grew < 2 * len(body), f"{grew >> 20} MiB for a {len(body) >> 20} MiB request"
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+        assert says in err.details()
+        with Client(s.address) as c:
+            expect_still_serving(c)
+    finally:
+        s.kill()
+
+
 def _free_port():
     import socket
     with socket.socket() as k:

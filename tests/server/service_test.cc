@@ -2,6 +2,8 @@
 // backend): resident tensors (upload, download, chaining, free, expiry,
 // budget, quota, owners), bad requests, and that the server keeps serving.
 #include <arpa/inet.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
@@ -1404,6 +1406,84 @@ TEST_F(ServiceTest, HandlesThatAreNotUtf8AreInvalidArgumentAndLogNothing) {
   v1::FreeTensorResponse freed;
   EXPECT_EQ(stub_->FreeTensor(Ctx().get(), free, &freed).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// A GeluRequest whose input tensor has `axes` one-byte shape values, packed.
+std::string GeluWithPackedShape(int64_t axes) {
+  std::string shape(static_cast<size_t>(axes), '\x01');
+  v1::Tensor t;
+  t.set_dtype(v1::FLOAT32);
+  std::string tensor;
+  t.SerializeToString(&tensor);
+  tensor += '\x12';  // field 2 (shape), length-delimited
+  google::protobuf::io::StringOutputStream out(&tensor);
+  {
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.WriteVarint64(static_cast<uint64_t>(axes));
+    coded.WriteRaw(shape.data(), static_cast<int>(shape.size()));
+  }
+  std::string ref = "\x0a";  // TensorRef.tensor
+  google::protobuf::io::StringOutputStream ref_out(&ref);
+  {
+    google::protobuf::io::CodedOutputStream coded(&ref_out);
+    coded.WriteVarint64(tensor.size());
+    coded.WriteRaw(tensor.data(), static_cast<int>(tensor.size()));
+  }
+  std::string req = "\x0a";  // GeluRequest.input
+  google::protobuf::io::StringOutputStream req_out(&req);
+  {
+    google::protobuf::io::CodedOutputStream coded(&req_out);
+    coded.WriteVarint64(ref.size());
+    coded.WriteRaw(ref.data(), static_cast<int>(ref.size()));
+  }
+  return req;
+}
+
+// Parsing would turn each one-byte shape value into 8 bytes (and grow the field by doubling):
+// a shape past 64 values, and fields the schema does not know past 1024, are refused on the
+// wire, before parsing and before the token is looked at.
+TEST_F(ServiceTest, RequestsThatWouldSwellInParsingAreRefusedBeforeIt) {
+  StartServer({});
+  for (int64_t axes : {int64_t{65}, int64_t{8} << 20}) {
+    const grpc::Status s = RawCall(channel_, "Gelu", GeluWithPackedShape(axes));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("fusebox.v1.Tensor.shape has more than 64 values"),
+              std::string::npos)
+        << s.error_message();
+  }
+  // 64 axes pass the wire and parse (and are then a tensor of 1 element).
+  EXPECT_EQ(RawCall(channel_, "Gelu", GeluWithPackedShape(64)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);  // no data: "has 0 bytes but ... needs 4"
+  // Repeated occurrences of a message merge: their shapes add up.
+  std::string merged;
+  for (int i = 0; i < 3; ++i) merged += GeluWithPackedShape(30);
+  grpc::Status s = RawCall(channel_, "Gelu", merged);
+  EXPECT_NE(s.error_message().find("has more than 64 values"), std::string::npos)
+      << s.error_message();
+  // Fields from a newer client are let through, a few; a flood of them is not.
+  v1::GeluRequest good = KeptGelu(1);
+  good.clear_output_options();
+  std::string body;
+  good.SerializeToString(&body);
+  auto unknown = [](int n) {
+    std::string u;
+    for (int i = 0; i < n; ++i) u += std::string("\xa0\x01\x00", 3);  // field 20, empty bytes
+    return u;
+  };
+  EXPECT_TRUE(RawCall(channel_, "Gelu", body + unknown(10)).ok());
+  s = RawCall(channel_, "Gelu", body + unknown(1025));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("fields this server does not know"), std::string::npos)
+      << s.error_message();
+  // An Upload's messages are checked the same way.
+  std::string upload = std::string("\x08\x01\x12", 3) + std::string(1, static_cast<char>(100)) +
+                       std::string(100, '\x01');
+  s = RawCall(channel_, "Upload", upload);
+  EXPECT_NE(s.error_message().find("fusebox.v1.UploadRequest.shape has more than 64 values"),
+            std::string::npos)
+      << s.error_message();
+  v1::GeluResponse resp;
+  EXPECT_TRUE(stub_->Gelu(Ctx().get(), good, &resp).ok());
 }
 
 struct LoopbackServer {

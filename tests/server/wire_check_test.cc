@@ -1,4 +1,4 @@
-// CheckWire: requests that would make protobuf log, or are not protobuf, are refused on the
+// CheckWire: requests that would swell in parsing, or make protobuf log, are refused on the
 // wire; every request a client library sends passes.
 #include "server/core/wire_check.h"
 
@@ -57,6 +57,47 @@ TEST(WireCheck, WhatClientsSendPasses) {
   ASSERT_TRUE(g.SerializeToString(&bytes));
   EXPECT_TRUE(Check(bytes, kGelu, 3).ok());
   EXPECT_TRUE(Check("", kGelu).ok());  // every field at its default
+}
+
+TEST(WireCheck, AShapeIsHeldTo64ValuesPackedOrNotAndAcrossMergedMessages) {
+  auto tensor_with = [](const std::string& shape_fields) {
+    return Len(1, Len(1, std::string("\x08\x01", 2) + shape_fields));  // input.tensor
+  };
+  const std::string packed65 = Len(2, std::string(65, '\x01'));
+  const absl::Status s = Check(tensor_with(packed65), kGelu, 5);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "fusebox.v1.Tensor.shape has more than 64 values (a tensor has at most 64 axes); the "
+            "request was not parsed");
+  EXPECT_TRUE(Check(tensor_with(Len(2, std::string(64, '\x01'))), kGelu).ok());
+  std::string unpacked;
+  for (int i = 0; i < 65; ++i) unpacked += std::string("\x10\x01", 2);
+  EXPECT_FALSE(Check(tensor_with(unpacked), kGelu).ok());
+  // 40 packed and 40 unpacked in one message, or in two occurrences of it (they merge).
+  const std::string packed40 = Len(2, std::string(40, '\x01'));
+  const std::string unpacked40 = unpacked.substr(0, 80);
+  EXPECT_FALSE(Check(tensor_with(packed40 + unpacked40), kGelu).ok());
+  EXPECT_FALSE(Check(tensor_with(packed40) + tensor_with(packed40), kGelu).ok());
+  // Each tensor of a request has its own 64.
+  const std::string a = Len(1, Len(1, packed40)), b = Len(2, Len(1, packed40));
+  EXPECT_TRUE(Check(a + b, v1::MatmulReluRequest::descriptor()).ok());
+  // A packed run is refused at its 65th value, however long it goes on.
+  EXPECT_FALSE(Check(tensor_with(Len(2, std::string(50 << 20, '\x01'))), kGelu).ok());
+}
+
+TEST(WireCheck, UnknownFieldsAreHeldTo1024AndGroupsRefused) {
+  std::string few, many;
+  for (int i = 0; i < 1024; ++i) few += std::string("\xa0\x01\x00", 3);  // field 20, empty
+  many = few + std::string("\xa8\x01\x05", 3);                           // field 21, varint
+  EXPECT_TRUE(Check(few, kGelu).ok());
+  const absl::Status s = Check(many, kGelu);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("more than 1024 fields"), std::string::npos) << s.message();
+  // A known field in the wrong wire type is an unknown field too.
+  std::string wrong;
+  for (int i = 0; i < 1025; ++i) wrong += std::string("\x7d\x00\x00\x00\x00", 5);  // 15, fixed32
+  EXPECT_FALSE(Check(Len(15, wrong), kGelu).ok());
+  EXPECT_FALSE(Check(std::string("\xa3\x01\xa4\x01", 4), kGelu).ok());  // an empty group
 }
 
 TEST(WireCheck, StringsMustBeUtf8AsProtobufChecksThem) {
