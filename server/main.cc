@@ -65,9 +65,9 @@ ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
           "or running) and the messages of Uploads and Downloads under way; a call past it "
           "is RESOURCE_EXHAUSTED (a call alone always fits); "
-          "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
-          "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
-          "memory limit if less");
+          "also gRPC's buffers, at least 2 x --max_message_bytes: requests past them are "
+          "refused, not buffered, and replies sent but not taken keep calls out once they "
+          "fill them; 0 = a quarter of the RAM, or of the container's memory limit if less");
 ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
           "OS, and serve large blocks from the heap: large requests then skip page faults; "

@@ -256,6 +256,8 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =
       std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
+  // Replies on their way are in gRPC's buffers too (the quota counts only what arrives).
+  request_limits.max_sending_bytes = grpc_quota_bytes;
   Log("calls in flight: up to %lld MiB of inline tensors, gRPC's buffers up to %lld MiB; "
       "cancelled after %g s waiting on their client",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),

@@ -118,10 +118,7 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     const int64_t held = p->bytes_in + (on_host ? 2 * bytes : 0);
     p->inflight = ctx.inflight->TryReserve(held);
     if (p->inflight == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the server holds ", ctx.inflight->used(), " bytes of tensors for calls in flight, ",
-          "and this one needs ", held, " more (limit ", ctx.inflight->limit(),
-          ", --inflight_mib); retry later"));
+      return absl::ResourceExhaustedError(ctx.inflight->Refusal(held, "call"));
     }
   }
   if (keep) {

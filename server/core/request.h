@@ -21,6 +21,7 @@ namespace fusebox {
 struct RequestLimits {
   int64_t max_output_bytes = int64_t{1} << 30;  // larger inline outputs: RESOURCE_EXHAUSTED
   int64_t max_inflight_bytes = 0;               // InflightBytes' limit; 0 = none
+  int64_t max_sending_bytes = 0;  // its replies on their way (Sending); 0 = max_inflight_bytes
   double stall_timeout_seconds = 0;             // StallWatch's timeout; 0 = none
   int64_t max_message_bytes = int64_t{1} << 30;  // the largest message a client may send
 };

@@ -61,7 +61,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* reply) {
   constexpr Op op = OpSpec<Req>::kOp;
   const int64_t arrived = SteadyNowNs();
-  auto* reactor = new OpReactor(store_, &stalls_, ctx, reply);
+  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
   auto [req, resp] = reactor->Messages<Req, Resp>();
   v1::TensorRef* output = resp->mutable_output();
   v1::Timing* timing = resp->mutable_timing();

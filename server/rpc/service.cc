@@ -33,6 +33,8 @@ void OpReactor::Reply(const grpc::Status& s) {
   if (s.ok()) bytes = SerializeReply(*response_, reply_);
   request_.reset();
   response_.reset();
+  if (inflight_ != nullptr && bytes > 0) sending_ = inflight_->Sending(bytes);
+  held_.reset();
   stall_.Waiting(bytes);
   Finish(s);
 }
@@ -45,7 +47,10 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
       auth_(auth),
       limits_(limits),
       inflight_(limits.max_inflight_bytes > 0
-                    ? std::make_unique<InflightBytes>(limits.max_inflight_bytes)
+                    ? std::make_unique<InflightBytes>(limits.max_inflight_bytes,
+                                                      limits.max_sending_bytes > 0
+                                                          ? limits.max_sending_bytes
+                                                          : limits.max_inflight_bytes)
                     : nullptr),
       stalls_(limits.stall_timeout_seconds) {}
 
@@ -56,10 +61,7 @@ absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
   if (inflight_ == nullptr) return std::shared_ptr<void>();
   std::shared_ptr<void> token = inflight_->TryReserve(bytes);
   if (token == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", inflight_->used(), " bytes for calls in flight, and this ", what,
-        " needs ", bytes, " more (limit ", inflight_->limit(), ", --inflight_mib); retry later",
-        advice));
+    return absl::ResourceExhaustedError(absl::StrCat(inflight_->Refusal(bytes, what), advice));
   }
   return token;
 }

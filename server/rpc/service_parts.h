@@ -11,6 +11,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "fusebox/v1/kernel_service.pb.h"
+#include "server/core/inflight_bytes.h"
 #include "server/core/tensor_store.h"
 #include "server/rpc/stall_watch.h"
 
@@ -26,10 +27,10 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 // commit).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
-  // `reply` is the buffer gRPC sends.
-  OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx,
-            grpc::ByteBuffer* reply)
-      : store_(store), ctx_(ctx), reply_(reply), stall_(stalls, ctx) {}
+  // `inflight` may be null (no limit); `reply` is the buffer gRPC sends.
+  OpReactor(TensorStore* store, StallWatch* stalls, InflightBytes* inflight,
+            grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+      : store_(store), inflight_(inflight), ctx_(ctx), reply_(reply), stall_(stalls, ctx) {}
 
   // The call's messages, which live until its reply is sent.
   template <typename Req, typename Resp>
@@ -46,11 +47,13 @@ class OpReactor final : public grpc::ServerUnaryReactor {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
-  // Held until the reply has gone.
+  // The call's in-flight reservation, held until its reply is sent.
   void Hold(std::shared_ptr<void> inflight) { held_ = std::move(inflight); }
 
   // Sends the status, and with OK the response. The messages go first (the serialized reply
-  // holds its own copy). Until the reply has gone the call waits on its client (StallWatch).
+  // holds its own copy), and the call's reservation with them: what is left until the call
+  // ends is the serialized reply, counted as one on its way (InflightBytes::Sending). Until
+  // it has gone the call waits on its client (StallWatch).
   void Reply(const grpc::Status& s);
 
   void OnDone() override {
@@ -60,11 +63,13 @@ class OpReactor final : public grpc::ServerUnaryReactor {
 
  private:
   TensorStore* const store_;
+  InflightBytes* const inflight_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const reply_;
   std::unique_ptr<google::protobuf::Message> request_, response_;
   std::string tenant_, handle_;
-  std::shared_ptr<void> held_;  // the call's in-flight reservation
+  std::shared_ptr<void> held_;     // the call's reservation, until Reply
+  std::shared_ptr<void> sending_;  // the serialized reply's, until the call ends
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 

@@ -50,7 +50,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerCon
   StartOther();
   // A listing can be large (a tenant's every tensor and shape): it holds in-flight budget for
   // itself and its serialized copy, and the stall watch ends it if the client does not take it.
-  auto* reactor = new OpReactor(store_, &stalls_, ctx, reply);
+  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
   auto [req, resp] = reactor->Messages<v1::ListTensorsRequest, v1::ListTensorsResponse>();
   std::shared_ptr<void> held;
   const grpc::Status status = ListInto(*ctx, wire, req, resp, &held);

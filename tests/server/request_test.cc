@@ -271,7 +271,7 @@ TEST(Request, RankOverTheLimitIsInvalidWhereverTheTensorComesFrom) {
 }
 
 TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
-  InflightBytes f(100);
+  InflightBytes f(100, 100);
   auto big = f.TryReserve(500);  // alone: let in past the limit
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(f.used(), 500);
@@ -285,6 +285,31 @@ TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
   EXPECT_EQ(f.TryReserve(1), nullptr);
   a.reset();
   EXPECT_NE(f.TryReserve(60), nullptr);
+}
+
+// Replies handed to gRPC have a budget of their own: a call is kept out by them only once
+// they are past it (clients not taking them), however near the limit the calls are.
+TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
+  InflightBytes f(100, 300);
+  auto replies = f.Sending(250);  // replies their clients may have taken already
+  auto alone = f.TryReserve(90);
+  ASSERT_NE(alone, nullptr);
+  EXPECT_EQ(f.TryReserve(20), nullptr);  // beside it, past the limit
+  EXPECT_NE(f.Refusal(20, "call").find("calls in flight"), std::string::npos);
+  alone.reset();
+  auto more = f.Sending(100);            // two replies, past their budget together
+  EXPECT_EQ(f.TryReserve(10), nullptr);  // nothing gets in
+  EXPECT_NE(f.Refusal(10, "call").find("have not taken yet"), std::string::npos);
+  EXPECT_NE(f.TryReserve(0), nullptr);
+  replies.reset();
+  EXPECT_NE(f.TryReserve(10), nullptr);
+  auto big = f.Sending(1000);
+  EXPECT_EQ(f.TryReserve(10), nullptr);
+  more.reset();                          // a reply alone may be larger than the budget
+  EXPECT_NE(f.TryReserve(10), nullptr);
+  EXPECT_EQ(f.used(), 1000);
+  big.reset();
+  EXPECT_EQ(f.used(), 0);
 }
 
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {

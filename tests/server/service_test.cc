@@ -783,34 +783,48 @@ grpc::Status GeluOnceThereIsRoom(KernelService::Stub& stub, const v1::GeluReques
   return s;
 }
 
-TEST_F(ServiceTest, AReplyTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBytes) {
+// Replies handed to gRPC count until their calls end, against gRPC's buffers (at least
+// --inflight_mib, and two of the largest messages). Past that, they keep every call out until
+// the stall timeout cancels them and their bytes return.
+TEST_F(ServiceTest, RepliesTheClientDoesNotTakeAreCancelledAndReturnTheirInflightBytes) {
   ServerOptions o;
-  o.stall_timeout_seconds = 0.3;
-  o.inflight_bytes = 3 << 20;
+  o.stall_timeout_seconds = 0.3;  // a 1 MiB reply may wait 0.3 s + 1 s
+  o.inflight_bytes = (3 << 20) + (64 << 10);  // three replies of 1 MiB and their framing
+  o.max_message_bytes = 3 << 19;              // 1.5 MiB: gRPC's buffers are the above
   StartServer(o);
+  // Small requests for 1 MiB replies (the paused proxy passes only a few MiB of requests).
+  std::string h;
+  ASSERT_TRUE(Upload(RandomFloats(1 << 18), {1 << 18}, v1::FLOAT32, &h).ok());
+  v1::GeluRequest by_handle;
+  by_handle.mutable_input()->set_handle(h);
   PausableProxy proxy(server_->port());
   ASSERT_GT(proxy.port(), 0);
   auto stub = ConnectThenPause(proxy);
   const v1::GeluRequest req = InlineGelu1MiB();
-  auto untaken_ctx = Ctx();
-  PendingGelu untaken(*stub, untaken_ctx.get(), req);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // its request has arrived
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<PendingGelu>> untaken;
+  for (int i = 0; i < 4; ++i) {  // each alone, beside the replies before it: 4 MiB of them
+    contexts.push_back(Ctx());
+    untaken.push_back(std::make_unique<PendingGelu>(*stub, contexts.back().get(), by_handle));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));  // answered, not taken
+  }
   int refused = 0;
   const grpc::Status other = GeluOnceThereIsRoom(*stub_, req, &refused);
-  EXPECT_TRUE(other.ok()) << "the untaken reply still holds its bytes: " << other.error_message();
-  EXPECT_GE(refused, 1);  // it did hold them while it waited
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_TRUE(other.ok()) << "the untaken replies still hold their bytes: "
+                          << other.error_message();
+  EXPECT_GE(refused, 1);  // they did hold them while they waited
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past the last one's allowance
   proxy.Pause(false);
-  EXPECT_EQ(untaken.Wait().error_code(), grpc::StatusCode::CANCELLED);
+  for (auto& call : untaken) EXPECT_EQ(call->Wait().error_code(), grpc::StatusCode::CANCELLED);
 }
 
-TEST_F(ServiceTest, AListingTheClientDoesNotTakeIsCancelledAndReturnsItsInflightBytes) {
+TEST_F(ServiceTest, ListingsTheClientDoesNotTakeAreCancelledAndReturnTheirInflightBytes) {
   ServerOptions o;
-  o.stall_timeout_seconds = 0.3;
+  o.stall_timeout_seconds = 0.6;  // a listing of 1 MiB may wait 1.6 s
   o.inflight_bytes = 3 << 20;
+  o.max_message_bytes = 3 << 19;  // 1.5 MiB: gRPC's buffers are 3 MiB
   StartServer(o);
-  // 1600 empty tensors of 64 axes: a listing of about 1 MiB, which holds twice that.
+  // 1600 empty tensors of 64 axes: a listing of about 1 MiB.
   std::vector<int64_t> shape(64, int64_t{1} << 62);
   shape[0] = 0;
   for (int i = 0; i < 1600; ++i) {
@@ -819,20 +833,27 @@ TEST_F(ServiceTest, AListingTheClientDoesNotTakeIsCancelledAndReturnsItsInflight
   PausableProxy proxy(server_->port());
   ASSERT_GT(proxy.port(), 0);
   auto stub = ConnectThenPause(proxy);
-  auto untaken_ctx = Ctx();
   const v1::ListTensorsRequest all;
-  v1::ListTensorsResponse untaken;
-  std::promise<grpc::Status> untaken_status;
-  stub->async()->ListTensors(untaken_ctx.get(), &all, &untaken,
-                             [&](grpc::Status s) { untaken_status.set_value(s); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it has been answered
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<v1::ListTensorsResponse> untaken(4);
+  std::vector<std::promise<grpc::Status>> untaken_status(4);
+  for (int i = 0; i < 4; ++i) {
+    contexts.push_back(Ctx());
+    stub->async()->ListTensors(contexts.back().get(), &all, &untaken[i],
+                               [&, i](grpc::Status s) { untaken_status[i].set_value(s); });
+    // It has been answered (each holds 2 MiB of the budget while it is built: one at a time).
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
   int refused = 0;
   const grpc::Status other = GeluOnceThereIsRoom(*stub_, InlineGelu1MiB(), &refused);
-  EXPECT_TRUE(other.ok()) << "the untaken listing still holds its bytes: "
+  EXPECT_TRUE(other.ok()) << "the untaken listings still hold their bytes: "
                           << other.error_message();
-  EXPECT_GE(refused, 1);  // it did hold them while it waited
+  EXPECT_GE(refused, 1);  // they did hold them while they waited
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past the last one's allowance
   proxy.Pause(false);
-  EXPECT_EQ(untaken_status.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  for (auto& st : untaken_status) {
+    EXPECT_EQ(st.get_future().get().error_code(), grpc::StatusCode::CANCELLED);
+  }
   EXPECT_EQ(List().tensors_size(), 1600);  // a listing the client takes is whole
 }
 
@@ -1012,6 +1033,30 @@ TEST_F(ServiceTest, TransfersOneAfterAnotherEachFitAloneUnderASmallInflightLimit
     ASSERT_TRUE(stub_->FreeTensor(ctx.get(), free, &freed).ok());
     ASSERT_EQ(List().tensors_size(), 1);  // a small listing takes no budget
   }
+}
+
+// A call alone always fits: a client that makes its calls one after another, each near
+// --inflight_mib or past it, is never refused, though the server may not yet have seen its
+// previous call end (its reply taken) when the next arrives.
+TEST_F(ServiceTest, CallsOneAfterAnotherEachFitAloneNearTheInflightLimit) {
+  ServerOptions o;
+  o.inflight_bytes = 4 << 20;
+  StartServer(o);
+  const v1::GeluRequest near = InlineGelu1MiB();  // 1 MiB in, 1 MiB out twice: 3 MiB of 4
+  v1::GeluRequest past = KeptGelu(1 << 19);       // 2 MiB in, 2 MiB out twice: 6 MiB
+  past.clear_output_options();
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto ctx = Ctx();
+    v1::GeluResponse resp;
+    const grpc::Status s = stub_->Gelu(ctx.get(), i % 3 == 2 ? past : near, &resp);
+    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+    } else {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  EXPECT_EQ(refused, 0) << "of 300 calls, each alone";
 }
 
 TEST_F(ServiceTest, ChainedOpsKeepIntermediatesOnTheServer) {
