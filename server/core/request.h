@@ -60,6 +60,10 @@ absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
                                                const RequestContext& ctx, v1::Tensor* out);
 
+// The largest result that needs no kernel (a row sum over a zero-length axis, a product with
+// K = 0) when the request's inline tensors are smaller: past both, RESOURCE_EXHAUSTED.
+constexpr int64_t kMaxNoKernelOutputBytes = int64_t{64} << 10;
+
 // The most axes a tensor may have (as NumPy): more is INVALID_ARGUMENT. Shapes are
 // held uncharged and echoed in messages and replies, so their size is bounded.
 constexpr int kMaxRank = 64;

@@ -701,14 +701,16 @@ def test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_go
     limit = vm + (512 << 20)  # the server's address space at rest, and 512 MiB more
     s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     try:
-        # A row sum of [2^28 - 2048, 0]: no input bytes, ~1 GiB of zeros out, inline.
-        req = pb.RowSumRequest(input=pb.TensorRef(
-            tensor=pb.Tensor(dtype=pb.FLOAT32, shape=[(1 << 28) - 2048, 0])))
+        # An outer product of [16384, 1] and [1, 16384]: 128 KiB in, 1 GiB out, inline.
+        n = 1 << 14
+        col = pb.Tensor(dtype=pb.FLOAT32, shape=[n, 1], data=bytes(4 * n))
+        row = pb.Tensor(dtype=pb.FLOAT32, shape=[1, n], data=bytes(4 * n))
+        req = pb.MatmulReluRequest(a=pb.TensorRef(tensor=col), b=pb.TensorRef(tensor=row))
         with grpc.insecure_channel(s.address) as ch:
             stub = pb_grpc.KernelServiceStub(ch)
             for _ in range(2):
                 with pytest.raises(grpc.RpcError) as e:
-                    stub.RowSum(req, timeout=60)
+                    stub.MatmulRelu(req, timeout=60)
                 assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
                 assert "out of host memory" in e.value.details()
         with Client(s.address) as c:

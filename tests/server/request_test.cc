@@ -312,6 +312,41 @@ TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
   EXPECT_EQ(f.used(), 0);
 }
 
+// A result that needs no kernel costs the client nothing to ask for: it may be no larger
+// than the request's inline tensors, or 64 KiB.
+TEST(Request, ResultsThatNeedNoKernelAreHeldToTheRequestsSizeOr64KiB) {
+  auto row_sum = [](int64_t rows) {
+    v1::RowSumRequest r;
+    *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT32, {rows, 0});
+    return r;
+  };
+  v1::Tensor out;
+  // 14 bytes on the wire, 1 GiB of zeros.
+  ExpectError(PrepareRowSum(row_sum(int64_t{1} << 28), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "need no kernel");
+  EXPECT_TRUE(out.data().empty());
+  EXPECT_TRUE(PrepareRowSum(row_sum(16384), kLimits, &out).ok());  // 64 KiB
+  out.Clear();
+  ExpectError(PrepareRowSum(row_sum(16385), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "or 65536 bytes");
+  // K = 0: relu(bias) in every row, as large as the bias at most (past 64 KiB).
+  auto matmul = [](int64_t m, int64_t n, bool bias) {
+    auto r = Matmul(MakeTensor(v1::FLOAT32, {m, 0}), MakeTensor(v1::FLOAT32, {0, n}));
+    if (bias) *r.mutable_bias()->mutable_tensor() = MakeTensor(v1::FLOAT32, {n});
+    return r;
+  };
+  out.Clear();
+  ExpectError(PrepareMatmulRelu(matmul(1 << 14, 1 << 14, true), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "need no kernel");
+  out.Clear();
+  EXPECT_TRUE(PrepareMatmulRelu(matmul(1, 1 << 20, true), kLimits, &out).ok());  // 4 MiB of bias
+  out.Clear();
+  ExpectError(PrepareMatmulRelu(matmul(2, 1 << 20, true), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "(4194304 bytes)");
+  out.Clear();
+  EXPECT_TRUE(PrepareMatmulRelu(matmul(128, 128, false), kLimits, &out).ok());  // 64 KiB
+}
+
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {
   const int64_t big = int64_t{1} << 31;
   for (auto [m, n] : {std::pair<int64_t, int64_t>{big, 1}, std::pair<int64_t, int64_t>{1, big}}) {

@@ -1151,8 +1151,9 @@ TEST_F(ServiceTest, FreeingWhileOpsReadTheTensorIsSafe) {
 }
 
 // An empty row sum or a K = 0 product needs no kernel; its result is built in host memory even
-// when kept, so a few bytes of request may not ask for more than an inline result may hold.
-TEST_F(ServiceTest, KeptResultsThatNeedNoKernelAreHeldToTheInlineLimit) {
+// when kept, and costs the client nothing to ask for: inline or kept, it may be no larger than
+// the request's tensors, or 64 KiB.
+TEST_F(ServiceTest, ResultsThatNeedNoKernelAreHeldToTheRequestsSize) {
   ServerOptions o;
   o.max_message_bytes = 1 << 20;  // inline results up to 1 MiB - 4 KiB
   StartServer(o);
@@ -1163,10 +1164,14 @@ TEST_F(ServiceTest, KeptResultsThatNeedNoKernelAreHeldToTheInlineLimit) {
     return t;
   };
   v1::RowSumRequest rs;
-  *rs.mutable_input()->mutable_tensor() = empty({int64_t{1} << 40, 0});  // 4 TiB of zeros
-  rs.mutable_output_options()->set_keep_on_server(true);
+  *rs.mutable_input()->mutable_tensor() = empty({1 << 18, 0});  // 1 MiB of zeros, inline
   v1::RowSumResponse rsr;
   grpc::Status s = stub_->RowSum(Ctx().get(), rs, &rsr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("need no kernel"), std::string::npos) << s.error_message();
+  *rs.mutable_input()->mutable_tensor() = empty({int64_t{1} << 40, 0});  // 4 TiB, kept
+  rs.mutable_output_options()->set_keep_on_server(true);
+  s = stub_->RowSum(Ctx().get(), rs, &rsr);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_NE(s.error_message().find("need no kernel"), std::string::npos) << s.error_message();
   v1::MatmulReluRequest mm;
