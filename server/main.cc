@@ -77,7 +77,9 @@ ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
           "a call waiting this long on its client (an Upload's next message, a Download's "
           "next chunk, a reply not taken), plus 1 s per MiB of the message in transit (an "
-          "Upload's: the largest it could be), is cancelled and its memory returned; 0 = never");
+          "Upload's: the largest it could be), is cancelled and its memory returned; and a "
+          "kept output or upload whose reply left less than 1 s before its call's deadline (it "
+          "may have reached no one) is freed after this long unless a call names it; 0 = never");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();

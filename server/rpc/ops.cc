@@ -70,12 +70,13 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   record.method = OpName(op);
   record.op = op;
   // Ends the call: one place for timing, metrics and the reply. A kept output is committed
-  // only while the caller still waits for its handle.
+  // only while the caller still waits for its handle (BeforeCommit).
   auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
                                                      const OpTiming& t, PreparedCall* p) {
-    if (s.ok() && p->kept_output && ctx->IsCancelled()) {
-      s = absl::CancelledError(
-          "the call was cancelled or passed its deadline; its output was not kept");
+    if (s.ok() && p->kept_output) {
+      s = reactor->Cancelled()
+              ? absl::CancelledError("the call was cancelled; its output was not kept")
+              : BeforeCommit(*ctx, p->kept_output.get());
     }
     record.grpc_code = static_cast<int>(s.code());
     if (s.ok()) {

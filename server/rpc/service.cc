@@ -66,6 +66,21 @@ absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
   return token;
 }
 
+absl::Status KernelServiceImpl::BeforeCommit(const grpc::CallbackServerContext& ctx,
+                                             StoredTensor* t) const {
+  constexpr auto kUnsureBeforeDeadline = std::chrono::seconds(1);
+  const auto left = ctx.deadline() - std::chrono::system_clock::now();
+  if (left <= std::chrono::system_clock::duration::zero()) {
+    return absl::DeadlineExceededError(
+        "the call passed its deadline before its result could be kept; nothing was kept");
+  }
+  if (left < kUnsureBeforeDeadline && limits_.stall_timeout_seconds > 0) {
+    t->unclaimed_until_ns =
+        SteadyNowNs() + static_cast<int64_t>(limits_.stall_timeout_seconds * 1e9);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RequestContext> KernelServiceImpl::Context(
     const grpc::CallbackServerContext& ctx) const {
   auto tenant = auth_->TenantOf(ctx);

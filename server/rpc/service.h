@@ -83,6 +83,13 @@ class KernelServiceImpl final : public RawKernelService {
   // `what` and ending with `advice`.
   absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(int64_t bytes, const char* what,
                                                         const char* advice) const;
+  // Readies a kept output or an upload for its commit, once its call's status is OK: none
+  // past the call's deadline (the server's is never before the client's: the client has given
+  // up, and a handle sent now reaches no one), DEADLINE_EXCEEDED instead; and one whose reply
+  // leaves less than kUnsureBeforeDeadline before the deadline may still arrive after the
+  // client gave up, which the server cannot see (gRPC reports the call complete), so it is
+  // held unclaimed: freed after the stall timeout unless a call names its handle first.
+  absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Parses, validates and runs one op: the common body of the four op methods (ops.cc).

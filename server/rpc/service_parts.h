@@ -2,6 +2,7 @@
 // TensorInfo. Internal to server/rpc.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,8 +24,7 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 // A unary call's reactor (the ops, ListTensors). It owns the call's request and response
 // messages (the service parses and serializes them itself: messages.h), holds the call's
 // in-flight budget, watches its reply until it has gone, and gives back a kept output whose
-// handle never reached the caller (the call was cancelled or passed its deadline after the
-// commit).
+// call was cancelled after the commit (its handle never reached the caller).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
   // `inflight` may be null (no limit); `reply` is the buffer gRPC sends.
@@ -49,6 +49,9 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   }
   // The call's in-flight reservation, held until its reply is sent.
   void Hold(std::shared_ptr<void> inflight) { held_ = std::move(inflight); }
+  // Whether the call was cancelled (its deadline passed, its client went or the stall watch
+  // ended it).
+  bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
 
   // Sends the status, and with OK the response. The messages go first (the serialized reply
   // holds its own copy), and the call's reservation with them: what is left until the call
@@ -56,8 +59,9 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   // it has gone the call waits on its client (StallWatch).
   void Reply(const grpc::Status& s);
 
+  void OnCancel() override { cancelled_ = true; }
   void OnDone() override {
-    if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
+    if (!handle_.empty() && Cancelled()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
   }
 
@@ -70,6 +74,7 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   std::string tenant_, handle_;
   std::shared_ptr<void> held_;     // the call's reservation, until Reply
   std::shared_ptr<void> sending_;  // the serialized reply's, until the call ends
+  std::atomic<bool> cancelled_{false};
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 

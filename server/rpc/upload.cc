@@ -1,5 +1,6 @@
 // Upload: a client stream of one header and the tensor's bytes, copied in as they arrive.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,10 +79,11 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
                                 });
   }
 
+  void OnCancel() override { cancelled_ = true; }
   // An uncommitted tensor is freed here, and so is a committed one whose reply never reached
   // the client (it cancelled after the last byte).
   void OnDone() override {
-    if (tensor_ && !tensor_->handle.empty() && ctx_->IsCancelled()) {
+    if (tensor_ && !tensor_->handle.empty() && Cancelled()) {
       svc_->store_->Free(tenant_, tensor_->handle).IgnoreError();
     }
     delete this;
@@ -99,6 +101,8 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
     StartRead(&wire_);
   }
 
+  bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
+
   absl::Status Begin() {
     started_ns_ = SteadyNowNs();
     auto dtype = CheckedDType(msg_.dtype(), "upload");
@@ -114,15 +118,15 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
 
   void Complete() {
     // Reads end both when the client closes its side and when the call breaks.
-    if (ctx_->IsCancelled()) {
+    if (Cancelled()) {
       return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
     }
-
     if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
     if (written_ != tensor_->bytes) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "the upload ended after ", written_, " of ", tensor_->bytes, " bytes; nothing was kept")));
     }
+    if (auto s = svc_->BeforeCommit(*ctx_, tensor_.get()); !s.ok()) return Fail(s);
     svc_->store_->Commit(tensor_);
     v1::UploadResponse resp;
     FillInfo(*tensor_, resp.mutable_tensor());
@@ -159,6 +163,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
   int64_t started_ns_ = 0;
   std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
   int64_t held_bytes_ = 0;      // the largest message so far
+  std::atomic<bool> cancelled_{false};
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 

@@ -374,6 +374,76 @@ TEST_F(ServiceTest, CallsCancelledAroundTheirCommitNeverLoseAnAcknowledgedTensor
   std::fprintf(stderr, "%d OK, %d cancelled, %zu tensors kept\n", ok, cancelled, listed.size());
 }
 
+// Kept outputs of calls that run out of time around their commit. A reply that leaves just
+// before the deadline can reach its caller after the caller gave up, and gRPC reports such a
+// call complete: the server holds those outputs unclaimed until a call names them, and frees
+// them after the stall timeout. So, once it has passed, the tensors held are exactly those whose
+// handles reached the caller (which named them) and which it has not freed.
+TEST_F(ServiceTest, KeptOutputsOfCallsThatRanOutOfTimeAreFreedUnlessTheirHandlesArrived) {
+  ServerOptions o;
+  o.stall_timeout_seconds = 0.5;
+  StartServer(o);
+  auto free = [&](const std::string& h) {
+    auto ctx = Ctx();
+    v1::FreeTensorRequest req;
+    req.set_handle(h);
+    v1::FreeTensorResponse freed;
+    return stub_->FreeTensor(ctx.get(), req, &freed).ok();
+  };
+  // Deadlines around this host's time for such a call (1 MiB in, computed, a handle back), so
+  // that many end around their commit.
+  std::vector<int64_t> us;
+  for (int i = 0; i < 21; ++i) {
+    auto ctx = Ctx();
+    v1::GeluResponse resp;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(stub_->Gelu(ctx.get(), KeptGelu(1 << 18), &resp).ok());
+    us.push_back(std::chrono::duration_cast<std::chrono::microseconds>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count());
+    ASSERT_TRUE(free(resp.output().handle()));
+  }
+  std::sort(us.begin(), us.end());
+  const int median_us = static_cast<int>(us[us.size() / 2]);
+  std::mt19937 rng(std::random_device{}());
+  std::set<std::string> kept;
+  int ok = 0, expired = 0;
+  for (int i = 0; i < 600; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(std::uniform_int_distribution<int>(
+                         median_us / 2, median_us * 3 / 2)(rng)));
+    PendingGelu call(*stub_, &ctx, KeptGelu(1 << 18));
+    const grpc::Status s = call.Wait();
+    if (!s.ok()) {
+      ASSERT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+      ++expired;
+      continue;
+    }
+    ++ok;
+    const std::string& h = call.response().output().handle();
+    auto use = Ctx();  // the caller names its handle: claimed
+    v1::ListTensorsRequest one;
+    one.set_handle(h);
+    v1::ListTensorsResponse listed;
+    ASSERT_TRUE(stub_->ListTensors(use.get(), one, &listed).ok()) << h;
+    if (i % 10 == 0) {
+      kept.insert(h);
+    } else {
+      ASSERT_TRUE(free(h)) << h;  // 1 MiB each: the test holds a few dozen at most
+    }
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // past the stall timeout, and a sweep
+  const std::set<std::string> listed = ListedHandles(*server_);
+  int orphans = 0;
+  for (const auto& h : listed) orphans += kept.count(h) == 0;
+  EXPECT_EQ(orphans, 0) << "of " << expired << " calls past their deadline";
+  EXPECT_EQ(listed.size() - orphans, kept.size()) << "a handle the caller named was freed";
+  EXPECT_GT(expired, 0) << "no call ran out of time: the test proves nothing";
+  std::fprintf(stderr, "%d OK, %d past their deadline (around %d us), %d orphans\n", ok,
+               expired, median_us, orphans);
+}
+
 TEST_F(ServiceTest, ShortUploadIsInvalidAndLeavesNothing) {
   StartServer({});
   const auto bytes = RandomFloats(1000);
