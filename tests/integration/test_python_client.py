@@ -502,9 +502,14 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
                     break
                 conn.send_data(sid, chunk[:n])
                 left[sid] -= n
-        sock.sendall(conn.data_to_send())
-        if select.select([sock], [], [], 0.005)[0]:
-            data = sock.recv(1 << 20)
+        try:
+            sock.sendall(conn.data_to_send())
+            data = sock.recv(1 << 20) if select.select([sock], [], [], 0.005)[0] else None
+        except (BrokenPipeError, ConnectionResetError):  # closed before its GOAWAY was read
+            reset.update(left)
+            yield reset, sum(request_bytes - 1 - v for v in left.values())
+            break
+        if data is not None:
             if not data:
                 break
             try:
@@ -523,7 +528,6 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
             if closed:
                 yield reset, sum(request_bytes - 1 - v for v in left.values())
                 break
-            sock.sendall(conn.data_to_send())
         yield reset, sum(request_bytes - 1 - v for v in left.values())
     sock.close()
 
