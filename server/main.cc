@@ -84,9 +84,9 @@ ABSL_FLAG(int64_t, inflight_mib, 0,
           "host memory for the inline tensors of calls accepted and not yet answered (queued "
           "or running) and the messages of Uploads and Downloads under way; a call past it "
           "is RESOURCE_EXHAUSTED (a call alone always fits); "
-          "also gRPC's own memory quota, at least 2 x --max_message_bytes (requests past it "
-          "are refused, not buffered); 0 = a quarter of the RAM, or of the container's "
-          "memory limit if less");
+          "also gRPC's buffers, at least 2 x --max_message_bytes: requests past them are "
+          "refused, not buffered, and replies sent but not taken keep calls out once they "
+          "fill them; 0 = a quarter of the RAM, or of the container's memory limit if less");
 ABSL_FLAG(double, tenant_inflight_share, kDefaults.tenant_inflight_share,
           "the part of --inflight_mib one tenant may hold, 0..1 (a tenant holding nothing may "
           "still make one call of any size that fits), so one whose client stops taking "
@@ -103,7 +103,9 @@ ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
           "not taken) longer, all its waits together, than this plus 1 s per MiB it has moved "
           "and may move in the message awaited (an Upload's: the largest it could be) is "
           "cancelled and its memory returned: clients must keep to 1 MiB/s on average after "
-          "this grace; 0 = never");
+          "this grace. A kept output or upload whose reply left less than 1 s before its "
+          "call's deadline (it may have reached no one) is freed after this long unless a call "
+          "names it; 0 = never");
 ABSL_FLAG(double, arrival_timeout_s, kDefaults.arrival_timeout_seconds,
           "a connection with no call being served (its requests still arriving, or none) "
           "that receives less than 1 MiB/s for this long, plus 1 s per MiB it did receive, "

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <google/protobuf/stubs/logging.h>
 #include <grpc/support/log.h>
 #include <sys/resource.h>
 #include <semaphore.h>
@@ -92,6 +93,35 @@ void OnGrpcLog(gpr_log_func_args* args) {
     int none = 0;
     if (g_shutdown_signal.compare_exchange_strong(none, kListenerFailed)) sem_post(&g_shutdown_sem);
   }
+}
+
+// protobuf logs from whatever thread parses, and some of what it logs a client can cause at
+// will, before any token is checked (a string that is not UTF-8 in a request of a service the
+// server does not parse itself, such as reflection): at most kProtobufLinesPerMinute lines a
+// minute reach the log, and the number of those dropped follows.
+constexpr int kProtobufLinesPerMinute = 10;
+
+void OnProtobufLog(google::protobuf::LogLevel level, const char* file, int line,
+                   const std::string& message) {
+  static std::mutex mu;
+  static int64_t window_start_ns = 0;
+  static int lines = 0, dropped = 0;
+  std::lock_guard<std::mutex> lock(mu);
+  const int64_t now = SteadyNowNs();
+  if (now - window_start_ns >= int64_t{60} * 1000000000) {
+    if (dropped > 0) Log("protobuf: %d more lines in the minute before were dropped", dropped);
+    window_start_ns = now;
+    lines = dropped = 0;
+  }
+  if (++lines > kProtobufLinesPerMinute) {
+    ++dropped;
+    return;
+  }
+  Log("protobuf %s %s:%d] %s",
+      level >= google::protobuf::LOGLEVEL_ERROR     ? "E"
+      : level == google::protobuf::LOGLEVEL_WARNING ? "W"
+                                                    : "I",
+      file, line, message.c_str());
 }
 
 // As many file descriptors as the hard limit allows (often 1024 of 1048576 in containers):
@@ -336,6 +366,8 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =
       std::max(request_limits.max_inflight_bytes, 2 * o.max_message_bytes);
+  // Replies on their way are in gRPC's buffers too (the quota counts only what arrives).
+  request_limits.max_sending_bytes = grpc_quota_bytes;
   Log("calls in flight: up to %lld MiB of inline tensors (%lld MiB per tenant), gRPC's buffers "
       "up to %lld MiB; cancelled after %g s waiting on their client (and 1 s per MiB)",
       static_cast<long long>(request_limits.max_inflight_bytes >> 20),
@@ -481,6 +513,7 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
 absl::Status RunServer(const ServerOptions& o) {
   RaiseFileLimit();
   gpr_set_log_function(OnGrpcLog);
+  google::protobuf::SetLogHandler(OnProtobufLog);
   // The hook sees only what gRPC logs: errors at least (GRPC_VERBOSITY=NONE would hide them).
   if (!gpr_should_log(GPR_LOG_SEVERITY_ERROR)) gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
   auto server = FuseboxServer::Start(o);

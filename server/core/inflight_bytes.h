@@ -1,5 +1,5 @@
-// InflightBytes: the host memory budget for tensors in flight (--inflight_mib), and each
-// tenant's share of it (--tenant_inflight_share).
+// InflightBytes: the host memory budget for tensors in flight (--inflight_mib), each tenant's
+// share of it (--tenant_inflight_share), and the replies on their way out.
 #pragma once
 
 #include <cstdint>
@@ -12,33 +12,46 @@
 namespace fusebox {
 
 // Host memory held by the inline tensors of calls accepted and not yet answered (their
-// requests, and their replies built in place, while queued or running), and by the messages
-// of transfers under way. A call that would pass the limit is RESOURCE_EXHAUSTED before its
-// output is allocated, so queued calls cannot take more memory than the host has. A tenant
-// may hold at most its share, so one whose client stops taking replies cannot starve the
-// others. Thread-safe.
+// requests, and their replies built in place, while queued or running), by the messages of
+// transfers under way, and by replies handed to gRPC with their status until their calls end.
+// A call that would pass the limit is RESOURCE_EXHAUSTED before its output is allocated, so
+// queued calls cannot take more memory than the host has. A tenant may hold at most its share,
+// so one whose client stops taking replies cannot starve the others. Thread-safe.
+//
+// A call alone always fits: its client may send it the moment it has the previous call's
+// status, before the server has seen that call end (gRPC runs OnDone later, later still on a
+// busy host). So a call's reservation ends as its status is handed to gRPC, and what is left
+// then, the serialized reply on its way, is counted apart until the call ends (Sending),
+// against a budget of its own, gRPC's buffers (the server sizes it as gRPC's quota: at least
+// two of the largest messages). A call is let in when it fits beside the calls under way (and
+// beside its tenant's), or none is under way (or none of its tenant's, while the server has
+// room), and the replies on their way are within their budget, or are one reply (which may be
+// larger), and so are the tenant's within its share. So a client that does not take its
+// replies keeps its tenant's calls out once they fill its share, and every call once they
+// fill the server's budget, until the stall timeout ends them.
 class InflightBytes {
  public:
-  // `tenant_limit`: what one tenant may hold; 0 or more than `limit` = `limit`.
-  explicit InflightBytes(int64_t limit, int64_t tenant_limit = 0);
+  // `sending_limit`: the budget of replies on their way; 0 = `limit`. `tenant_limit`: what one
+  // tenant may hold under way; 0 or more than `limit` = `limit`.
+  InflightBytes(int64_t limit, int64_t sending_limit = 0, int64_t tenant_limit = 0);
   ~InflightBytes();
-  // Reserves `bytes` for `tenant`; the reservation lasts as long as the returned token (null:
-  // past the server's limit or the tenant's share, nothing reserved). A call alone is always
-  // let in (its size has passed the message limits already), and so is a tenant's call while
-  // it holds nothing and the server's limit has room (or nothing is held at all).
+  // Reserves `bytes` for `tenant`'s call or transfer under way; the reservation lasts as long
+  // as the returned token (null: refused, nothing reserved).
   std::shared_ptr<void> TryReserve(int64_t bytes, const std::string& tenant = "");
+  // Counts `bytes` of `tenant`'s reply handed to gRPC, as long as the returned token; never
+  // refused (the bytes exist already).
+  std::shared_ptr<void> Sending(int64_t bytes, const std::string& tenant = "");
   // Why TryReserve(bytes, tenant) was refused: RESOURCE_EXHAUSTED naming the limit that binds
   // and its flag; `what` names the call ("call", "upload", ...).
   absl::Status Refusal(int64_t bytes, const std::string& tenant, absl::string_view what) const;
   int64_t limit() const { return limit_; }
   int64_t tenant_limit() const { return tenant_limit_; }
-  int64_t used() const;
-  int64_t used_by(const std::string& tenant) const;
+  int64_t used() const;  // under way and on the way out
+  int64_t used_by(const std::string& tenant) const;  // under way and on the way out
 
  private:
   struct Counter;
-  const int64_t limit_;
-  const int64_t tenant_limit_;
+  const int64_t limit_, sending_limit_, tenant_limit_;
   const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
 };
 

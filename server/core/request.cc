@@ -91,8 +91,10 @@ absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
 // Shapes the output (inline in `out`, or a new resident tensor when kept) and
 // points the call at its bytes. `host_built`: a non-empty result that needs no
 // kernel (an empty row sum, K = 0), built in host memory (TrivialOutput) even when
-// kept, so it is held to the inline limit either way: a few bytes of request must
-// not make the host allocate gigabytes.
+// kept. Such a result costs the client nothing to ask for (a 14-byte request can name
+// a gigabyte of zeros), so it is held to the size of the request's own tensors, or
+// kMaxNoKernelOutputBytes where they are smaller: whatever the request, the reply is
+// at most that much larger than it.
 absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t elements,
                          bool keep, const RequestContext& ctx, v1::Tensor* out, PreparedCall* p,
                          bool host_built = false) {
@@ -102,15 +104,21 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     return absl::UnimplementedError("keep_on_server: this server holds no tensors");
   }
   const bool on_host = !keep || host_built;  // the output's bytes are the host's
+  const int64_t no_kernel_limit = std::min(ctx.limits.max_output_bytes,
+                                           std::max(kMaxNoKernelOutputBytes, p->bytes_in));
+  if (host_built && bytes > no_kernel_limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the output would be ", bytes,
+        " bytes that need no kernel (empty rows or K = 0); such a result may be at most as large "
+        "as the request's inline tensors (",
+        p->bytes_in, " bytes) or ", kMaxNoKernelOutputBytes,
+        " bytes: it would cost the server far more than the request; build it on the client"));
+  }
   if (on_host && bytes > ctx.limits.max_output_bytes) {
     return absl::ResourceExhaustedError(
-        keep ? absl::StrCat("the output would be ", bytes,
-                            " bytes that need no kernel (empty rows or K = 0); this server "
-                            "builds such results in host memory, up to its limit of ",
-                            ctx.limits.max_output_bytes, " bytes")
-             : absl::StrCat("the output would be ", bytes, " bytes, over this server's limit of ",
-                            ctx.limits.max_output_bytes,
-                            " for inline results; keep it on the server and Download it"));
+        absl::StrCat("the output would be ", bytes, " bytes, over this server's limit of ",
+                     ctx.limits.max_output_bytes,
+                     " for inline results; keep it on the server and Download it"));
   }
   if (ctx.inflight != nullptr) {
     // The request's inline inputs, and the output where the host holds it: twice, as gRPC

@@ -22,6 +22,7 @@ struct RequestLimits {
   int64_t max_output_bytes = int64_t{1} << 30;  // larger inline outputs: RESOURCE_EXHAUSTED
   int64_t max_inflight_bytes = 0;               // InflightBytes' limit; 0 = none
   int64_t max_tenant_inflight_bytes = 0;        // a tenant's share of it; 0 = all of it
+  int64_t max_sending_bytes = 0;  // its replies on their way (Sending); 0 = max_inflight_bytes
   double stall_timeout_seconds = 0;             // StallWatch's timeout; 0 = none
   int64_t max_message_bytes = int64_t{1} << 30;  // the largest message a client may send
 };
@@ -59,6 +60,10 @@ absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
                                            const RequestContext& ctx, v1::Tensor* out);
 absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
                                                const RequestContext& ctx, v1::Tensor* out);
+
+// The largest result that needs no kernel (a row sum over a zero-length axis, a product with
+// K = 0) when the request's inline tensors are smaller: past both, RESOURCE_EXHAUSTED.
+constexpr int64_t kMaxNoKernelOutputBytes = int64_t{64} << 10;
 
 // The most axes a tensor may have (as NumPy): more is INVALID_ARGUMENT. Shapes are
 // held uncharged and echoed in messages and replies, so their size is bounded.

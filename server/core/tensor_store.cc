@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -136,6 +137,7 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Get(const std::string
   auto it = by_handle_.find(handle);
   if (it == by_handle_.end() || it->second->tenant != tenant) return NotFound(handle);
   it->second->last_used_ns = SteadyNowNs();
+  it->second->unclaimed_until_ns = 0;
   return it->second;
 }
 
@@ -161,12 +163,15 @@ std::vector<std::shared_ptr<StoredTensor>> TensorStore::List(const std::string& 
 }
 
 int TensorStore::ExpireIdle() {
-  if (limits_.idle_expiry_seconds <= 0) return 0;
-  const int64_t cutoff = SteadyNowNs() - static_cast<int64_t>(limits_.idle_expiry_seconds * 1e9);
+  const int64_t now = SteadyNowNs();
+  const int64_t cutoff = limits_.idle_expiry_seconds > 0
+                             ? now - static_cast<int64_t>(limits_.idle_expiry_seconds * 1e9)
+                             : std::numeric_limits<int64_t>::min();
   std::vector<std::shared_ptr<StoredTensor>> gone;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = by_handle_.begin(); it != by_handle_.end();) {
-    if (it->second->last_used_ns < cutoff) {
+    const int64_t unclaimed_until = it->second->unclaimed_until_ns;
+    if (it->second->last_used_ns < cutoff || (unclaimed_until != 0 && unclaimed_until < now)) {
       gone.push_back(std::move(it->second));
       it = by_handle_.erase(it);
     } else {

@@ -44,6 +44,10 @@ struct StoredTensor {
   std::unique_ptr<Buffer> buffer;
   int64_t created_unix_ms = 0;
   std::atomic<int64_t> last_used_ns{0};  // steady clock
+  // A handle that may never have reached its caller (a kept output whose reply left just
+  // before its call's deadline): freed at this time (steady clock) unless a call names it
+  // first (Get). 0: claimed, or never in doubt.
+  std::atomic<int64_t> unclaimed_until_ns{0};
 };
 
 struct StoreStats {
@@ -61,13 +65,14 @@ class TensorStore {
                                                        const std::vector<int64_t>& shape);
   // Gives the tensor a fresh handle and makes it visible to its tenant.
   void Commit(const std::shared_ptr<StoredTensor>& tensor);
-  // The tenant's tensor with this handle, marked used; else NOT_FOUND.
+  // The tenant's tensor with this handle, marked used (and claimed); else NOT_FOUND.
   absl::StatusOr<std::shared_ptr<StoredTensor>> Get(const std::string& tenant,
                                                     const std::string& handle);
   // Removes the handle; returns the tensor's size.
   absl::StatusOr<int64_t> Free(const std::string& tenant, const std::string& handle);
   std::vector<std::shared_ptr<StoredTensor>> List(const std::string& tenant);
-  // Frees tensors idle for longer than the limit; returns how many.
+  // Frees tensors idle for longer than the limit, and unclaimed ones past their time; returns
+  // how many.
   int ExpireIdle();
 
   int64_t TenantUsedBytes(const std::string& tenant) const;

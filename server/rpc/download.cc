@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -22,10 +23,10 @@ constexpr int64_t kMaxChunkBytes = 64 << 20;
 // Download: header with the first chunk, then one chunk per message; each is
 // copied out of the tensor's memory by the backend before it is written.
 class KernelServiceImpl::DownloadReactor final
-    : public grpc::ServerWriteReactor<v1::DownloadResponse> {
+    : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   DownloadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx,
-                  const v1::DownloadRequest* req)
+                  const grpc::ByteBuffer* wire)
       : svc_(svc), stall_(&svc->stalls_, ctx) {
     svc_->StartOther();
     auto c = svc_->Context(*ctx);
@@ -33,6 +34,12 @@ class KernelServiceImpl::DownloadReactor final
       End(ToGrpcStatus(c.status()));
       return;
     }
+    v1::DownloadRequest request;
+    if (absl::Status parsed = ParseRequest(wire, &request); !parsed.ok()) {
+      End(ToGrpcStatus(parsed));
+      return;
+    }
+    const v1::DownloadRequest* req = &request;
     if (svc_->store_ == nullptr) {
       End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
       return;
@@ -67,6 +74,7 @@ class KernelServiceImpl::DownloadReactor final
 
   void OnWriteDone(bool ok) override {
     stall_.Working(static_cast<int64_t>(msg_.data().size()));
+    out_.Clear();
     if (!ok) {
       End(grpc::Status(grpc::StatusCode::CANCELLED, "the download was cancelled"));
       return;
@@ -105,7 +113,8 @@ class KernelServiceImpl::DownloadReactor final
 
   void Write() {
     stall_.Waiting(static_cast<int64_t>(msg_.data().size()));
-    StartWrite(&msg_);
+    SerializeReply(msg_, &out_);
+    StartWrite(&out_);
   }
 
   // No copy or write is in flight here: the chunk and its budget go back before the status
@@ -113,6 +122,7 @@ class KernelServiceImpl::DownloadReactor final
   void End(const grpc::Status& s) {
     svc_->RecordOther("Download", s, 0, sent_);
     msg_.Clear();
+    out_.Clear();
     held_.reset();
     stall_.Finishing();
     Finish(s);
@@ -121,14 +131,15 @@ class KernelServiceImpl::DownloadReactor final
   KernelServiceImpl* const svc_;
   std::shared_ptr<StoredTensor> tensor_;  // held: a Free meanwhile cannot pull it away
   v1::DownloadResponse msg_;
+  grpc::ByteBuffer out_;  // msg_ serialized, until written
   int64_t chunk_ = kDefaultChunkBytes;
   int64_t sent_ = 0;
   std::shared_ptr<void> held_;  // in-flight budget for the chunk's two copies
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 
-grpc::ServerWriteReactor<v1::DownloadResponse>* KernelServiceImpl::Download(
-    grpc::CallbackServerContext* ctx, const v1::DownloadRequest* req) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* KernelServiceImpl::Download(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req) {
   return new DownloadReactor(this, ctx, req);
 }
 

@@ -1,13 +1,15 @@
 // The four op RPCs. One request's path: method -> RunOp -> its op's Prepare (validate, resolve
 // handles, shape the output in place; server/core/request.h) -> Backend::Check ->
 // Backend::Submit -> a backend thread -> done: commit a kept output, timing and metrics ->
-// Finish. kOps below is the one place that ties a request type to its op.
+// Finish. Requests arrive as wire bytes and are parsed here (messages.h). OpSpec below is the
+// one place that ties a request type to its op.
 #include <memory>
 #include <new>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -53,24 +55,28 @@ struct OpSpec<v1::MatmulReluRequest> {
 
 }  // namespace
 
-template <typename Req>
+template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
-                                                   const Req& req, v1::TensorRef* output,
-                                                   v1::Timing* timing) {
+                                                   const grpc::ByteBuffer* wire,
+                                                   grpc::ByteBuffer* reply) {
   constexpr Op op = OpSpec<Req>::kOp;
   const int64_t arrived = SteadyNowNs();
-  auto* reactor = new OpReactor(store_, &stalls_, ctx);
+  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
+  auto [req, resp] = reactor->Messages<Req, Resp>();
+  v1::TensorRef* output = resp->mutable_output();
+  v1::Timing* timing = resp->mutable_timing();
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
   record.method = OpName(op);
   record.op = op;
-  // Ends the call: one place for timing, metrics and Finish. A kept output is committed
-  // only while the caller still waits for its handle.
+  // Ends the call: one place for timing, metrics and the reply. A kept output is committed
+  // only while the caller still waits for its handle (BeforeCommit).
   auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
                                                      const OpTiming& t, PreparedCall* p) {
-    if (s.ok() && p->kept_output && ctx->IsCancelled()) {
-      s = absl::CancelledError(
-          "the call was cancelled or passed its deadline; its output was not kept");
+    if (s.ok() && p->kept_output) {
+      s = reactor->Cancelled()
+              ? absl::CancelledError("the call was cancelled; its output was not kept")
+              : BeforeCommit(*ctx, p->kept_output.get());
     }
     record.grpc_code = static_cast<int>(s.code());
     if (s.ok()) {
@@ -89,15 +95,19 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
       metrics_->RecordCall(record);
       metrics_->CallFinished();
     }
-    reactor->Reply(ToGrpcStatus(s), record.bytes_out);
+    reactor->Reply(ToGrpcStatus(s));
   };
 
   absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
+  std::string tenant;
   if (auto c = Context(*ctx); !c.ok()) {
     prepared = c.status();
+  } else if (absl::Status parsed = ParseRequest(wire, req); !parsed.ok()) {
+    prepared = parsed;
   } else {
+    tenant = c->tenant;
     try {
-      prepared = OpSpec<Req>::Prepare(req, *c, output->mutable_tensor());
+      prepared = OpSpec<Req>::Prepare(*req, *c, output->mutable_tensor());
     } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now
       output->Clear();
       prepared = absl::ResourceExhaustedError(
@@ -119,7 +129,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
     return reactor;
   }
   auto p = std::make_shared<PreparedCall>(*std::move(prepared));
-  reactor->Hold(std::move(p->inflight));
+  reactor->Hold(std::move(p->inflight), std::move(tenant));
   record.dtype = p->call.dtype;
   record.bytes_in = p->bytes_in;
   record.bytes_out = p->bytes_out;
@@ -143,27 +153,27 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::Gelu(grpc::CallbackServerContext* ctx,
-                                                  const v1::GeluRequest* req,
-                                                  v1::GeluResponse* resp) {
-  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+                                                  const grpc::ByteBuffer* req,
+                                                  grpc::ByteBuffer* resp) {
+  return RunOp<v1::GeluRequest, v1::GeluResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::Softmax(grpc::CallbackServerContext* ctx,
-                                                     const v1::SoftmaxRequest* req,
-                                                     v1::SoftmaxResponse* resp) {
-  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+                                                     const grpc::ByteBuffer* req,
+                                                     grpc::ByteBuffer* resp) {
+  return RunOp<v1::SoftmaxRequest, v1::SoftmaxResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::RowSum(grpc::CallbackServerContext* ctx,
-                                                    const v1::RowSumRequest* req,
-                                                    v1::RowSumResponse* resp) {
-  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+                                                    const grpc::ByteBuffer* req,
+                                                    grpc::ByteBuffer* resp) {
+  return RunOp<v1::RowSumRequest, v1::RowSumResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerContext* ctx,
-                                                        const v1::MatmulReluRequest* req,
-                                                        v1::MatmulReluResponse* resp) {
-  return RunOp(ctx, *req, resp->mutable_output(), resp->mutable_timing());
+                                                        const grpc::ByteBuffer* req,
+                                                        grpc::ByteBuffer* resp) {
+  return RunOp<v1::MatmulReluRequest, v1::MatmulReluResponse>(ctx, req, resp);
 }
 
 }  // namespace fusebox

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -27,6 +28,17 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out) {
       idle_ms);
 }
 
+void OpReactor::Reply(const grpc::Status& s) {
+  int64_t bytes = 0;
+  if (s.ok()) bytes = SerializeReply(*response_, reply_);
+  request_.reset();
+  response_.reset();
+  if (inflight_ != nullptr && bytes > 0) sending_ = inflight_->Sending(bytes, caller_);
+  held_.reset();
+  stall_.Finishing(bytes);
+  Finish(s);
+}
+
 KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
                                      const Authenticator* auth, RequestLimits limits)
     : backend_(backend),
@@ -36,6 +48,7 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
       limits_(limits),
       inflight_(limits.max_inflight_bytes > 0
                     ? std::make_unique<InflightBytes>(limits.max_inflight_bytes,
+                                                      limits.max_sending_bytes,
                                                       limits.max_tenant_inflight_bytes)
                     : nullptr),
       stalls_(limits.stall_timeout_seconds) {}
@@ -51,6 +64,21 @@ absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
     return absl::ResourceExhaustedError(absl::StrCat(refused.message(), advice));
   }
   return token;
+}
+
+absl::Status KernelServiceImpl::BeforeCommit(const grpc::CallbackServerContext& ctx,
+                                             StoredTensor* t) const {
+  constexpr auto kUnsureBeforeDeadline = std::chrono::seconds(1);
+  const auto left = ctx.deadline() - std::chrono::system_clock::now();
+  if (left <= std::chrono::system_clock::duration::zero()) {
+    return absl::DeadlineExceededError(
+        "the call passed its deadline before its result could be kept; nothing was kept");
+  }
+  if (left < kUnsureBeforeDeadline && limits_.stall_timeout_seconds > 0) {
+    t->unclaimed_until_ns =
+        SteadyNowNs() + static_cast<int64_t>(limits_.stall_timeout_seconds * 1e9);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<RequestContext> KernelServiceImpl::Context(

@@ -3,6 +3,9 @@
 // backend's thread finishes the RPC. Upload and Download stream chunks through
 // the backend's copy queue. No gRPC thread ever waits on compute or copies.
 // One concern a file: ops.cc, upload.cc, download.cc, tensors.cc; service.cc the shared parts.
+// Every method is registered raw: the service parses its requests and serializes its replies
+// itself (messages.h), so it checks a request's wire bytes before parsing them, and answers a
+// body that does not parse with INVALID_ARGUMENT.
 #pragma once
 
 #include <cstdint>
@@ -19,34 +22,43 @@
 
 namespace fusebox {
 
-class KernelServiceImpl final : public v1::KernelService::CallbackService {
+using RawKernelService = v1::KernelService::WithRawCallbackMethod_Gelu<
+    v1::KernelService::WithRawCallbackMethod_Softmax<
+        v1::KernelService::WithRawCallbackMethod_RowSum<
+            v1::KernelService::WithRawCallbackMethod_MatmulRelu<
+                v1::KernelService::WithRawCallbackMethod_Upload<
+                    v1::KernelService::WithRawCallbackMethod_Download<
+                        v1::KernelService::WithRawCallbackMethod_FreeTensor<
+                            v1::KernelService::WithRawCallbackMethod_ListTensors<
+                                v1::KernelService::Service>>>>>>>>;
+
+class KernelServiceImpl final : public RawKernelService {
  public:
   // `metrics` and `store` may be null (no /metrics; no resident tensors).
   // All must outlive this.
   KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
                     const Authenticator* auth, RequestLimits limits);
 
-  grpc::ServerUnaryReactor* Gelu(grpc::CallbackServerContext* ctx, const v1::GeluRequest* req,
-                                 v1::GeluResponse* resp) override;
-  grpc::ServerUnaryReactor* Softmax(grpc::CallbackServerContext* ctx,
-                                    const v1::SoftmaxRequest* req,
-                                    v1::SoftmaxResponse* resp) override;
-  grpc::ServerUnaryReactor* RowSum(grpc::CallbackServerContext* ctx, const v1::RowSumRequest* req,
-                                   v1::RowSumResponse* resp) override;
+  grpc::ServerUnaryReactor* Gelu(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Softmax(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* RowSum(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                   grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* MatmulRelu(grpc::CallbackServerContext* ctx,
-                                       const v1::MatmulReluRequest* req,
-                                       v1::MatmulReluResponse* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
 
-  grpc::ServerReadReactor<v1::UploadRequest>* Upload(grpc::CallbackServerContext* ctx,
-                                                     v1::UploadResponse* resp) override;
-  grpc::ServerWriteReactor<v1::DownloadResponse>* Download(grpc::CallbackServerContext* ctx,
-                                                           const v1::DownloadRequest* req) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Upload(grpc::CallbackServerContext* ctx,
+                                                    grpc::ByteBuffer* resp) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Download(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* req) override;
   grpc::ServerUnaryReactor* FreeTensor(grpc::CallbackServerContext* ctx,
-                                       const v1::FreeTensorRequest* req,
-                                       v1::FreeTensorResponse* resp) override;
+                                       const grpc::ByteBuffer* req,
+                                       grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
-                                        const v1::ListTensorsRequest* req,
-                                        v1::ListTensorsResponse* resp) override;
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
 
   // Cancels the calls that have waited on their clients past the stall timeout (StallWatch);
   // returns how many. The server's sweeper calls it.
@@ -62,21 +74,30 @@ class KernelServiceImpl final : public v1::KernelService::CallbackService {
   void StartOther() const;
   void RecordOther(const char* method, const grpc::Status& status, int64_t bytes_in,
                    int64_t bytes_out) const;
-  // Fills a ListTensors reply, after reserving in-flight budget for a large one in *held.
-  grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const v1::ListTensorsRequest& req,
-                        v1::ListTensorsResponse* resp, std::shared_ptr<void>* held) const;
+  // Parses a ListTensors request into *req and fills its reply, after reserving in-flight
+  // budget for a large one in *held; *tenant is the caller's.
+  grpc::Status ListInto(const grpc::CallbackServerContext& ctx, const grpc::ByteBuffer* wire,
+                        v1::ListTensorsRequest* req, v1::ListTensorsResponse* resp,
+                        std::shared_ptr<void>* held, std::string* tenant) const;
   // Reserves `bytes` of the in-flight budget (and of `tenant`'s share) for a transfer's or a
   // listing's buffers: a token to hold while they live (null where there is no limit), or
   // RESOURCE_EXHAUSTED naming `what` and ending with `advice`.
   absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(const std::string& tenant, int64_t bytes,
                                                         const char* what,
                                                         const char* advice) const;
+  // Readies a kept output or an upload for its commit, once its call's status is OK: none
+  // past the call's deadline (the server's is never before the client's: the client has given
+  // up, and a handle sent now reaches no one), DEADLINE_EXCEEDED instead; and one whose reply
+  // leaves less than kUnsureBeforeDeadline before the deadline may still arrive after the
+  // client gave up, which the server cannot see (gRPC reports the call complete), so it is
+  // held unclaimed: freed after the stall timeout unless a call names its handle first.
+  absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
-  // Validates and runs one op: the common body of the four op methods (ops.cc).
-  template <typename Req>
-  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const Req& req,
-                                  v1::TensorRef* output, v1::Timing* timing);
+  // Parses, validates and runs one op: the common body of the four op methods (ops.cc).
+  template <typename Req, typename Resp>
+  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+                                  grpc::ByteBuffer* reply);
 
   Backend* const backend_;
   Metrics* const metrics_;

@@ -2,13 +2,17 @@
 // TensorInfo. Internal to server/rpc.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include <google/protobuf/message.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
 #include "fusebox/v1/kernel_service.pb.h"
+#include "server/core/inflight_bytes.h"
 #include "server/core/tensor_store.h"
 #include "server/rpc/stall_watch.h"
 
@@ -17,35 +21,66 @@ namespace fusebox {
 // A held tensor as ListTensors, Upload and Download describe it.
 void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 
-// A unary call's reactor (the ops, ListTensors): holds the call's in-flight budget and
-// watches its reply until it has gone, and gives back a kept output whose handle never
-// reached the caller (the call was cancelled or passed its deadline after the commit).
+// A unary call's reactor (the ops, ListTensors). It owns the call's request and response
+// messages (the service parses and serializes them itself: messages.h), holds the call's
+// in-flight budget, watches its reply until it has gone, and gives back a kept output whose
+// call was cancelled after the commit (its handle never reached the caller).
 class OpReactor final : public grpc::ServerUnaryReactor {
  public:
-  OpReactor(TensorStore* store, StallWatch* stalls, grpc::CallbackServerContext* ctx)
-      : store_(store), ctx_(ctx), stall_(stalls, ctx) {}
+  // `inflight` may be null (no limit); `reply` is the buffer gRPC sends.
+  OpReactor(TensorStore* store, StallWatch* stalls, InflightBytes* inflight,
+            grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+      : store_(store), inflight_(inflight), ctx_(ctx), reply_(reply), stall_(stalls, ctx) {}
+
+  // The call's messages, which live until its reply is sent.
+  template <typename Req, typename Resp>
+  std::pair<Req*, Resp*> Messages() {
+    auto* req = new Req;
+    request_.reset(req);
+    auto* resp = new Resp;
+    response_.reset(resp);
+    return {req, resp};
+  }
+  const google::protobuf::Message& request() const { return *request_; }
+
   void Kept(const StoredTensor& t) {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
-  // Held until the reply has gone (the reply's tensor bytes live until then).
-  void Hold(std::shared_ptr<void> inflight) { inflight_ = std::move(inflight); }
-  // Sends the reply (`bytes` of tensor data); until it has gone the call waits on its client.
-  void Reply(const grpc::Status& s, int64_t bytes) {
-    stall_.Finishing(bytes);
-    Finish(s);
+  // The call's in-flight reservation, held until its reply is sent; its serialized reply is
+  // counted as `tenant`'s.
+  void Hold(std::shared_ptr<void> inflight, std::string tenant) {
+    held_ = std::move(inflight);
+    caller_ = std::move(tenant);
   }
+  // Whether the call was cancelled (its deadline passed, its client went or the stall watch
+  // ended it).
+  bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
+
+  // Sends the status, and with OK the response. The messages go first (the serialized reply
+  // holds its own copy), and the call's reservation with them: what is left until the call
+  // ends is the serialized reply, counted as one on its way (InflightBytes::Sending). Until
+  // it has gone the call waits on its client (StallWatch).
+  void Reply(const grpc::Status& s);
+
+  void OnCancel() override { cancelled_ = true; }
   void OnDone() override {
-    if (!handle_.empty() && ctx_->IsCancelled()) store_->Free(tenant_, handle_).IgnoreError();
+    if (!handle_.empty() && Cancelled()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
   }
 
  private:
   TensorStore* const store_;
+  InflightBytes* const inflight_;
   grpc::CallbackServerContext* const ctx_;
+  grpc::ByteBuffer* const reply_;
+  std::unique_ptr<google::protobuf::Message> request_, response_;
   std::string tenant_, handle_;
-  std::shared_ptr<void> inflight_;
-  StallWatch::Call stall_;
+  std::string caller_;             // whose reply it is
+  std::shared_ptr<void> held_;     // the call's reservation, until Reply
+  std::shared_ptr<void> sending_;  // the serialized reply's, until the call ends
+  std::atomic<bool> cancelled_{false};
+  StallWatch::Call stall_;  // last: leaves the watch first
 };
 
 }  // namespace fusebox

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -18,20 +19,25 @@ constexpr int64_t kSmallReplyBytes = 64 << 10;
 }  // namespace
 
 grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerContext* ctx,
-                                                        const v1::FreeTensorRequest* req,
-                                                        v1::FreeTensorResponse* resp) {
+                                                        const grpc::ByteBuffer* wire,
+                                                        grpc::ByteBuffer* reply) {
   StartOther();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   grpc::Status status;
+  v1::FreeTensorRequest req;
+  v1::FreeTensorResponse resp;
   auto c = Context(*ctx);
   if (!c.ok()) {
     status = ToGrpcStatus(c.status());
+  } else if (absl::Status parsed = ParseRequest(wire, &req); !parsed.ok()) {
+    status = ToGrpcStatus(parsed);
   } else if (store_ == nullptr) {
     status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors");
-  } else if (auto freed = store_->Free(c->tenant, req->handle()); !freed.ok()) {
+  } else if (auto freed = store_->Free(c->tenant, req.handle()); !freed.ok()) {
     status = ToGrpcStatus(freed.status());
   } else {
-    resp->set_freed_bytes(*freed);
+    resp.set_freed_bytes(*freed);
+    SerializeReply(resp, reply);
   }
   RecordOther("FreeTensor", status, 0, 0);
   reactor->Finish(status);
@@ -39,27 +45,33 @@ grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerCont
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerContext* ctx,
-                                                         const v1::ListTensorsRequest* req,
-                                                         v1::ListTensorsResponse* resp) {
+                                                         const grpc::ByteBuffer* wire,
+                                                         grpc::ByteBuffer* reply) {
   StartOther();
   // A listing can be large (a tenant's every tensor and shape): it holds in-flight budget for
-  // itself and gRPC's copy, and the stall watch ends it if the client does not take it.
-  auto* reactor = new OpReactor(store_, &stalls_, ctx);
+  // itself and its serialized copy, and the stall watch ends it if the client does not take it.
+  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
+  auto [req, resp] = reactor->Messages<v1::ListTensorsRequest, v1::ListTensorsResponse>();
   std::shared_ptr<void> held;
-  const grpc::Status status = ListInto(*ctx, *req, resp, &held);
-  if (!status.ok()) resp->Clear();
-  reactor->Hold(std::move(held));
+  std::string tenant;
+  const grpc::Status status = ListInto(*ctx, wire, req, resp, &held, &tenant);
+  reactor->Hold(std::move(held), std::move(tenant));
   RecordOther("ListTensors", status, 0, 0);
-  reactor->Reply(status, static_cast<int64_t>(resp->ByteSizeLong()));
+  reactor->Reply(status);
   return reactor;
 }
 
 grpc::Status KernelServiceImpl::ListInto(const grpc::CallbackServerContext& ctx,
-                                         const v1::ListTensorsRequest& req,
+                                         const grpc::ByteBuffer* wire,
+                                         v1::ListTensorsRequest* req_msg,
                                          v1::ListTensorsResponse* resp,
-                                         std::shared_ptr<void>* held) const {
+                                         std::shared_ptr<void>* held,
+                                         std::string* tenant) const {
   auto c = Context(ctx);
   if (!c.ok()) return ToGrpcStatus(c.status());
+  *tenant = c->tenant;
+  if (absl::Status parsed = ParseRequest(wire, req_msg); !parsed.ok()) return ToGrpcStatus(parsed);
+  const v1::ListTensorsRequest& req = *req_msg;
   if (store_ == nullptr) return grpc::Status::OK;  // nothing held
   std::vector<std::shared_ptr<StoredTensor>> tensors;
   if (!req.handle().empty()) {

@@ -1,11 +1,13 @@
 // Upload: a client stream of one header and the tensor's bytes, copied in as they arrive.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/service.h"
 #include "server/rpc/service_parts.h"
 #include "server/rpc/status_util.h"
@@ -22,10 +24,10 @@ constexpr int64_t kMessageFramingBytes = 4 << 10;
 // through the backend (pinned staging -> device on CUDA) before the next chunk
 // is read, so host memory holds at most one chunk of the tensor at a time.
 // The tensor becomes visible (gets its handle) only after the last byte.
-class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1::UploadRequest> {
+class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, v1::UploadResponse* resp)
-      : svc_(svc), ctx_(ctx), resp_(resp), stall_(&svc->stalls_, ctx) {
+  UploadReactor(KernelServiceImpl* svc, grpc::CallbackServerContext* ctx, grpc::ByteBuffer* reply)
+      : svc_(svc), ctx_(ctx), reply_(reply), stall_(&svc->stalls_, ctx) {
     svc_->StartOther();
     auto c = svc_->Context(*ctx);
     if (!c.ok()) {
@@ -46,6 +48,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       Complete();
       return;
     }
+    if (absl::Status parsed = ParseRequest(&wire_, &msg_); !parsed.ok()) return Fail(parsed);
     if (!tensor_) {
       if (auto s = Begin(); !s.ok()) return Fail(s);
     } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0) {
@@ -76,10 +79,11 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
                                 });
   }
 
+  void OnCancel() override { cancelled_ = true; }
   // An uncommitted tensor is freed here, and so is a committed one whose reply never reached
   // the client (it cancelled after the last byte).
   void OnDone() override {
-    if (tensor_ && !tensor_->handle.empty() && ctx_->IsCancelled()) {
+    if (tensor_ && !tensor_->handle.empty() && Cancelled()) {
       svc_->store_->Free(tenant_, tensor_->handle).IgnoreError();
     }
     delete this;
@@ -94,8 +98,10 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
     const int64_t limit = svc_->limits_.max_message_bytes;
     stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
                            : limit);
-    StartRead(&msg_);
+    StartRead(&wire_);
   }
+
+  bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
 
   absl::Status Begin() {
     started_ns_ = SteadyNowNs();
@@ -112,7 +118,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   void Complete() {
     // Reads end both when the client closes its side and when the call breaks.
-    if (ctx_->IsCancelled()) {
+    if (Cancelled()) {
       return Fail(absl::CancelledError("the upload was cancelled; nothing was kept"));
     }
     if (!tensor_) return Fail(absl::InvalidArgumentError("the upload sent no header"));
@@ -120,10 +126,13 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "the upload ended after ", written_, " of ", tensor_->bytes, " bytes; nothing was kept")));
     }
+    if (auto s = svc_->BeforeCommit(*ctx_, tensor_.get()); !s.ok()) return Fail(s);
     svc_->store_->Commit(tensor_);
-    FillInfo(*tensor_, resp_->mutable_tensor());
+    v1::UploadResponse resp;
+    FillInfo(*tensor_, resp.mutable_tensor());
     const double secs = (SteadyNowNs() - started_ns_) / 1e9;
-    resp_->set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    resp.set_copy_gbps(secs > 0 ? tensor_->bytes / secs / 1e9 : 0);
+    SerializeReply(resp, reply_);
     End(grpc::Status::OK);
   }
 
@@ -137,6 +146,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
   void End(const grpc::Status& s) {
     svc_->RecordOther("Upload", s, written_, 0);
     msg_.Clear();
+    wire_.Clear();
     held_.reset();
     stall_.Finishing();
     Finish(s);
@@ -144,19 +154,21 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<v1
 
   KernelServiceImpl* const svc_;
   grpc::CallbackServerContext* const ctx_;
-  v1::UploadResponse* const resp_;
+  grpc::ByteBuffer* const reply_;
   std::string tenant_;
-  v1::UploadRequest msg_;
+  grpc::ByteBuffer wire_;  // the next message as it arrives
+  v1::UploadRequest msg_;  // and parsed
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
   std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
   int64_t held_bytes_ = 0;      // the largest message so far
+  std::atomic<bool> cancelled_{false};
   StallWatch::Call stall_;  // last: leaves the watch first
 };
 
-grpc::ServerReadReactor<v1::UploadRequest>* KernelServiceImpl::Upload(
-    grpc::CallbackServerContext* ctx, v1::UploadResponse* resp) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* KernelServiceImpl::Upload(
+    grpc::CallbackServerContext* ctx, grpc::ByteBuffer* resp) {
   return new UploadReactor(this, ctx, resp);
 }
 

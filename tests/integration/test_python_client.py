@@ -37,14 +37,14 @@ def _die_with_parent():
 class Server:
     """A fusebox-server child process; always killed by stop()/kill(), or with pytest."""
 
-    def __init__(self, *flags, preexec_fn=None):
+    def __init__(self, *flags, preexec_fn=None, stderr=None):
         def setup():
             _die_with_parent()
             if preexec_fn is not None:
                 preexec_fn()
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, preexec_fn=setup)
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr, preexec_fn=setup)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -504,12 +504,12 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
                 left[sid] -= n
         try:
             sock.sendall(conn.data_to_send())
-        except OSError:  # closed by the server before its GOAWAY was read: all of them
+            data = sock.recv(1 << 20) if select.select([sock], [], [], 0.005)[0] else None
+        except OSError:  # closed before its GOAWAY was read
             reset.update(left)
             yield reset, sum(request_bytes - 1 - v for v in left.values())
             break
-        if select.select([sock], [], [], 0.005)[0]:
-            data = sock.recv(1 << 20)
+        if data is not None:
             if not data:
                 break
             try:
@@ -528,7 +528,6 @@ def _push_unfinished_requests(port, streams, request_bytes, seconds):
             if closed:
                 yield reset, sum(request_bytes - 1 - v for v in left.values())
                 break
-            sock.sendall(conn.data_to_send())
         yield reset, sum(request_bytes - 1 - v for v in left.values())
     sock.close()
 
@@ -882,14 +881,16 @@ def test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_go
     limit = vm + (512 << 20)  # the server's address space at rest, and 512 MiB more
     s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
     try:
-        # A row sum of [2^28 - 2048, 0]: no input bytes, ~1 GiB of zeros out, inline.
-        req = pb.RowSumRequest(input=pb.TensorRef(
-            tensor=pb.Tensor(dtype=pb.FLOAT32, shape=[(1 << 28) - 2048, 0])))
+        # An outer product of [16384, 1] and [1, 16384]: 128 KiB in, 1 GiB out, inline.
+        n = 1 << 14
+        col = pb.Tensor(dtype=pb.FLOAT32, shape=[n, 1], data=bytes(4 * n))
+        row = pb.Tensor(dtype=pb.FLOAT32, shape=[1, n], data=bytes(4 * n))
+        req = pb.MatmulReluRequest(a=pb.TensorRef(tensor=col), b=pb.TensorRef(tensor=row))
         with grpc.insecure_channel(s.address) as ch:
             stub = pb_grpc.KernelServiceStub(ch)
             for _ in range(2):
                 with pytest.raises(grpc.RpcError) as e:
-                    stub.RowSum(req, timeout=60)
+                    stub.MatmulRelu(req, timeout=60)
                 assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value
                 assert "out of host memory" in e.value.details()
         with Client(s.address) as c:
@@ -911,3 +912,116 @@ def test_download_default_chunks_fit_a_stock_grpc_client(client, server):
     finally:
         client.free(h)
 
+
+# --- requests the server parses itself ----------------------------------------------------
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def _len_field(number, *body):
+    size = sum(len(b) for b in body)
+    return b"".join([_varint(number << 3 | 2), _varint(size), *body])
+
+
+def _peak_rss_kib_during(pid, action):
+    """Runs action(); returns its result and the server's peak VmRSS meanwhile, in KiB, and its
+    VmRSS before."""
+    clear = Path(f"/proc/{pid}/clear_refs")
+    clear.write_text("5")  # resets VmHWM to the current VmRSS
+    before = _proc_status(pid, "VmRSS")
+    result = action()
+    return result, _proc_status(pid, "VmHWM"), before
+
+
+@pytest.mark.parametrize("what", ["shape", "unknown fields"])
+def test_a_request_that_would_swell_in_parsing_is_refused_before_it_is(what):
+    # Parsing turns each one-byte packed shape value into 8 bytes of a field grown by doubling
+    # (95 MB became 1.14 GB), and each 3-byte field the schema does not know into an entry of
+    # the unknown-field set. The server checks the wire bytes first, before the token too.
+    s = Server("--malloc_retain_mib=0")
+    try:
+        n = 95_000_000
+        if what == "shape":
+            body = _len_field(1, _len_field(1, b"\x08\x01", _len_field(2, b"\x01" * n)))
+            says = "fusebox.v1.Tensor.shape has more than 64 values"
+        else:
+            body = b"\xa0\x01\x00" * (n // 3)  # field 20, empty, again and again
+            says = "fields this server does not know"
+        with grpc.insecure_channel(s.address) as ch:
+            gelu = ch.unary_unary("/fusebox.v1.KernelService/Gelu")  # bytes in, bytes out
+            grpc.channel_ready_future(ch).result(timeout=10)
+
+            def call():
+                with pytest.raises(grpc.RpcError) as e:
+                    gelu(body, timeout=60)
+                return e.value
+            err, peak, before = _peak_rss_kib_during(s.proc.pid, call)
+        grew = (peak - before) << 10
+        print(f"{what}: a {len(body) >> 20} MiB request raised the server's RSS by "
+              f"{grew >> 20} MiB at its peak")
+        assert grew < 2 * len(body), f"{grew >> 20} MiB for a {len(body) >> 20} MiB request"
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+        assert says in err.details()
+        with Client(s.address) as c:
+            expect_still_serving(c)
+    finally:
+        s.kill()
+
+
+def _free_port():
+    import socket
+    with socket.socket() as k:
+        k.bind(("127.0.0.1", 0))
+        return k.getsockname()[1]
+
+
+def test_bodies_that_do_not_parse_are_invalid_argument_counted_and_logged_at_most_a_little(
+        tmp_path):
+    import urllib.request
+    metrics_port = _free_port()
+    log = tmp_path / "stderr"
+    with open(log, "wb") as err:
+        s = Server(f"--metrics_address=127.0.0.1:{metrics_port}", stderr=err)
+    try:
+        methods = ["Gelu", "Softmax", "RowSum", "MatmulRelu", "Upload", "Download", "FreeTensor",
+                   "ListTensors"]
+        with grpc.insecure_channel(s.address) as ch:
+            for m in methods:  # not protobuf at all
+                with pytest.raises(grpc.RpcError) as e:
+                    ch.unary_unary(f"/fusebox.v1.KernelService/{m}")(b"\xff\xff\xff", timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (m, e.value)
+                assert "not a well-formed protobuf message" in e.value.details(), m
+            free = ch.unary_unary("/fusebox.v1.KernelService/FreeTensor")
+            for _ in range(200):  # a handle that is not UTF-8: protobuf would log each
+                with pytest.raises(grpc.RpcError) as e:
+                    free(_len_field(1, b"\xc3\x28"), timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+                assert "is not valid UTF-8" in e.value.details()
+            # Reflection is parsed by protobuf, which logs such a string: a few lines at most.
+            reflect = ch.stream_stream(
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+            for _ in range(100):
+                try:
+                    list(reflect(iter([_len_field(3, b"\xc3\x28")]), timeout=30))
+                except grpc.RpcError:
+                    pass
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                      timeout=10).read().decode()
+        for m in methods:
+            counted = [float(l.split()[-1]) for l in text.splitlines()
+                       if l.startswith("fusebox_calls_total{") and f'method="{m}"' in l
+                       and 'code="INVALID_ARGUMENT"' in l]
+            assert counted == [201 if m == "FreeTensor" else 1], (m, counted)
+        with Client(s.address) as c:
+            expect_still_serving(c)
+        assert s.stop(30) == 0
+        lines = [l for l in log.read_text(errors="replace").splitlines() if "UTF-8" in l]
+        assert 1 <= len(lines) <= 10, lines[:3] + [f"... {len(lines)} lines"]
+    finally:
+        s.kill()

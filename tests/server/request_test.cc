@@ -271,7 +271,7 @@ TEST(Request, RankOverTheLimitIsInvalidWhereverTheTensorComesFrom) {
 }
 
 TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
-  InflightBytes f(100);
+  InflightBytes f(100, 100);
   auto big = f.TryReserve(500);  // alone: let in past the limit
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(f.used(), 500);
@@ -288,7 +288,7 @@ TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
 }
 
 TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
-  InflightBytes f(100, 40);
+  InflightBytes f(100, 0, 40);
   auto a = f.TryReserve(30, "a");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(f.TryReserve(20, "a"), nullptr);  // 50 > its 40
@@ -309,6 +309,85 @@ TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
   EXPECT_EQ(f.used(), 0);
   EXPECT_EQ(f.used_by("a"), 0);
   EXPECT_NE(f.TryReserve(90, "c"), nullptr);  // alone: past its share
+}
+
+// Replies handed to gRPC have a budget of their own: a call is kept out by them only once
+// they are past it (clients not taking them), however near the limit the calls are.
+TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
+  InflightBytes f(100, 300);
+  auto replies = f.Sending(250);  // replies their clients may have taken already
+  auto alone = f.TryReserve(90);
+  ASSERT_NE(alone, nullptr);
+  EXPECT_EQ(f.TryReserve(20), nullptr);  // beside it, past the limit
+  EXPECT_NE(std::string(f.Refusal(20, "", "call").message()).find("calls in flight"), std::string::npos);
+  alone.reset();
+  auto more = f.Sending(100);            // two replies, past their budget together
+  EXPECT_EQ(f.TryReserve(10), nullptr);  // nothing gets in
+  EXPECT_NE(std::string(f.Refusal(10, "", "call").message()).find("have not taken yet"), std::string::npos);
+  EXPECT_NE(f.TryReserve(0), nullptr);
+  replies.reset();
+  EXPECT_NE(f.TryReserve(10), nullptr);
+  auto big = f.Sending(1000);
+  EXPECT_EQ(f.TryReserve(10), nullptr);
+  more.reset();                          // a reply alone may be larger than the budget
+  EXPECT_NE(f.TryReserve(10), nullptr);
+  EXPECT_EQ(f.used(), 1000);
+  big.reset();
+  EXPECT_EQ(f.used(), 0);
+}
+
+// A tenant's replies on their way count against its share as the server's count against its
+// budget: past it, and more than one, they keep that tenant's calls out, not another's.
+TEST(InflightBytes, ATenantsUntakenRepliesKeepOnlyItsOwnCallsOut) {
+  InflightBytes f(100, 1000, 40);
+  auto r1 = f.Sending(30, "a");
+  EXPECT_NE(f.TryReserve(40, "a"), nullptr);  // one reply: its next call still fits
+  auto r2 = f.Sending(30, "a");
+  EXPECT_EQ(f.TryReserve(1, "a"), nullptr);
+  const absl::Status why = f.Refusal(1, "a", "call");
+  EXPECT_NE(std::string(why.message()).find("replies not taken"), std::string::npos) << why;
+  EXPECT_NE(f.TryReserve(40, "b"), nullptr);
+  EXPECT_EQ(f.used_by("a"), 60);
+  r1.reset();
+  EXPECT_NE(f.TryReserve(40, "a"), nullptr);
+  r2.reset();
+  EXPECT_EQ(f.used(), 0);
+  EXPECT_EQ(f.used_by("a"), 0);
+}
+
+// A result that needs no kernel costs the client nothing to ask for: it may be no larger
+// than the request's inline tensors, or 64 KiB.
+TEST(Request, ResultsThatNeedNoKernelAreHeldToTheRequestsSizeOr64KiB) {
+  auto row_sum = [](int64_t rows) {
+    v1::RowSumRequest r;
+    *r.mutable_input()->mutable_tensor() = MakeTensor(v1::FLOAT32, {rows, 0});
+    return r;
+  };
+  v1::Tensor out;
+  // 14 bytes on the wire, 1 GiB of zeros.
+  ExpectError(PrepareRowSum(row_sum(int64_t{1} << 28), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "need no kernel");
+  EXPECT_TRUE(out.data().empty());
+  EXPECT_TRUE(PrepareRowSum(row_sum(16384), kLimits, &out).ok());  // 64 KiB
+  out.Clear();
+  ExpectError(PrepareRowSum(row_sum(16385), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "or 65536 bytes");
+  // K = 0: relu(bias) in every row, as large as the bias at most (past 64 KiB).
+  auto matmul = [](int64_t m, int64_t n, bool bias) {
+    auto r = Matmul(MakeTensor(v1::FLOAT32, {m, 0}), MakeTensor(v1::FLOAT32, {0, n}));
+    if (bias) *r.mutable_bias()->mutable_tensor() = MakeTensor(v1::FLOAT32, {n});
+    return r;
+  };
+  out.Clear();
+  ExpectError(PrepareMatmulRelu(matmul(1 << 14, 1 << 14, true), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "need no kernel");
+  out.Clear();
+  EXPECT_TRUE(PrepareMatmulRelu(matmul(1, 1 << 20, true), kLimits, &out).ok());  // 4 MiB of bias
+  out.Clear();
+  ExpectError(PrepareMatmulRelu(matmul(2, 1 << 20, true), kLimits, &out).status(),
+              absl::StatusCode::kResourceExhausted, "(4194304 bytes)");
+  out.Clear();
+  EXPECT_TRUE(PrepareMatmulRelu(matmul(128, 128, false), kLimits, &out).ok());  // 64 KiB
 }
 
 TEST(Request, MatmulDimensionsOf2Pow31AreInvalid) {

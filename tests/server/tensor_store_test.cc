@@ -155,6 +155,29 @@ TEST_F(TensorStoreTest, IdleTensorsExpireAndUsedOnesStay) {
   EXPECT_TRUE(s.Get("x", busy).ok());
 }
 
+// A handle that may never have reached its caller is freed at its time, idle expiry or not,
+// unless a call names it first.
+TEST_F(TensorStoreTest, UnclaimedTensorsGoAtTheirTimeAndClaimedOnesStay) {
+  StoreLimits l = Limits(1000, 1000);
+  l.idle_expiry_seconds = 0;  // never
+  TensorStore s(backend_.get(), l);
+  std::string handles[3];
+  for (std::string& h : handles) {
+    auto t = s.Create("x", DType::kFloat32, {10});
+    ASSERT_TRUE(t.ok());
+    (*t)->unclaimed_until_ns = SteadyNowNs() + 50000000;  // 50 ms
+    s.Commit(*t);
+    h = (*t)->handle;
+  }
+  EXPECT_EQ(s.ExpireIdle(), 0);
+  ASSERT_TRUE(s.Get("x", handles[1]).ok());  // claimed
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_EQ(s.ExpireIdle(), 2);
+  EXPECT_EQ(s.Get("x", handles[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(s.Get("x", handles[1]).ok());
+  EXPECT_EQ(s.TenantUsedBytes("x"), 40);
+}
+
 TEST_F(TensorStoreTest, ReaderKeepsFreedTensorMemoryUntilDone) {
   TensorStore s(backend_.get(), Limits(1000, 1000));
   const std::string h = Put(s, "x", 250);
