@@ -7,6 +7,10 @@
 #include <atomic>
 #include <cstdlib>
 
+#if defined(FUSEBOX_X86_VARIANTS)
+#include <cpuid.h>
+#endif
+
 namespace fusebox::cpu::simd {
 
 #if !defined(FUSEBOX_X86_VARIANTS)
@@ -21,8 +25,11 @@ bool Supported(const Kernels* k) {
   if (k == GenericKernels()) return true;
 #if defined(FUSEBOX_X86_VARIANTS)
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 itself: clang before 16 has no "f16c" for __builtin_cpu_supports
+  // (the fuzzers are built with Debian's clang 14).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   if (k == Avx2Kernels()) return avx2;
   if (k == Avx512Kernels()) {
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

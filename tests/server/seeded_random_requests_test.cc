@@ -1,6 +1,8 @@
-// Random and hostile requests never crash the server's request path: each one
-// is either rejected with a canonical client-error code or is valid and then
-// runs on the CPU backend to completion. Seeded, so a failure reproduces.
+// A seeded random-request regression loop (not fuzzing: no coverage guidance; the
+// libFuzzer harnesses are in tests/fuzz/): random and hostile requests never crash
+// the server's request path; each one is either rejected with a canonical
+// client-error code or is valid and then runs on the CPU backend to completion.
+// Seeded, so a failure reproduces.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,7 +16,7 @@
 namespace fusebox {
 namespace {
 
-class RequestFuzz : public ::testing::Test {
+class SeededRandomRequests : public ::testing::Test {
  protected:
   std::mt19937_64 rng_{20261129};
   std::unique_ptr<Backend> backend_ = MakeCpuBackend(CpuBackendOptions{});
@@ -79,14 +81,14 @@ class RequestFuzz : public ::testing::Test {
   }
 };
 
-TEST_F(RequestFuzz, TenThousandHostileRequestsAreRejectedOrRunCleanly) {
+TEST_F(SeededRandomRequests, TenThousandHostileRequestsAreRejectedOrRunCleanly) {
   RequestContext ctx;
   ctx.store = &store_;
   ctx.limits.max_output_bytes = 1 << 20;
   int valid = 0;
-  // FUSEBOX_FUZZ_ITERATIONS=N runs longer (and FUSEBOX_FUZZ_SEED=S elsewhere).
-  const char* env_n = std::getenv("FUSEBOX_FUZZ_ITERATIONS");
-  const char* env_seed = std::getenv("FUSEBOX_FUZZ_SEED");
+  // FUSEBOX_RANDOM_REQUESTS=N runs longer (and FUSEBOX_RANDOM_REQUESTS_SEED=S elsewhere).
+  const char* env_n = std::getenv("FUSEBOX_RANDOM_REQUESTS");
+  const char* env_seed = std::getenv("FUSEBOX_RANDOM_REQUESTS_SEED");
   const int iterations = env_n ? std::atoi(env_n) : 10000;
   if (env_seed) rng_.seed(std::strtoull(env_seed, nullptr, 10));
   for (int i = 0; i < iterations; ++i) {
