@@ -43,7 +43,9 @@
 //    more blocks, two per SM (up to 128 per row): 1-8 rows of 10^6 columns no longer leave most
 //    SMs idle, nor 7 rows of 128256 bf16 columns 7 of them busy.
 //  - rows of <= 64 columns that are not whole aligned vectors: the tile kernel (a block's rows as
-//    one flat span of 16-byte vectors through shared memory; see SoftmaxTileKernel).
+//    one flat span of 16-byte vectors through shared memory; see SoftmaxTileKernel). Tensors of
+//    rows of <= 64 columns up to 128 KiB, aligned or not: lanes read straight from global memory
+//    (SoftmaxTinyKernel), latency, not bandwidth, being their cost.
 // Rows whose start is not 16-byte aligned (odd row lengths, offset pointers), with in and out at the
 // same offset modulo 16, use the same kernels (E = true) on the row's 16-byte vectors plus a scalar
 // head up to the first boundary and a scalar tail (RowEdges in common.cuh; <= 2 (W - 1) scalars
@@ -81,6 +83,10 @@ constexpr bool kDefaultStreaming = false;   // plain loads/stores; .cs stores me
 // blocks (SplitWanted): one block per row of 64-256 KiB left most SMs idle (bf16 1x7x128256, a
 // chunk kernel with 190 KB of shared memory per block on 7 SMs: 0.83x of torch.compile).
 constexpr int kFewRowsSplitMin = 4096;
+// Tensors of short rows up to this many bytes take SoftmaxTinyKernel (latency-bound: ~1.6-1.8 us
+// under graph replay) instead of the tile; 128-thread blocks (the probe: 64-256 alike).
+constexpr int64_t kTinyMaxBytes = 128 * 1024;
+constexpr int kTinyThreads = 128;
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -926,8 +932,48 @@ __global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T
   TileStore<T>(cs, out + row0 * cols, n, sm, t);
 }
 
+// Tiny tensors of short rows (kTinyMaxBytes, cols <= kTileMaxCols): `tpr` lanes per row read
+// their E elements straight from global memory (scalar, coalesced across the rows), reduce with
+// shuffles and write: no shared memory and no barrier. At these sizes the kernel is its latency
+// chain, not bandwidth: the tile's trip through shared memory and two barriers cost ~0.5 us of a
+// 2 us call under graph replay (bf16 631x13: 2.15 us against 1.72 for this form, Triton's
+// one-row program 1.73; lab/probes/tiny_softmax_probe.cu). Special values as the tile kernel.
+template <typename T, int E>
+__global__ __launch_bounds__(kTinyThreads) void SoftmaxTinyKernel(const T* in, T* out, int rows, int cols,
+                                                                  int lg) {
+  const int tpr = 1 << lg;
+  const int lane = threadIdx.x & (tpr - 1);
+  const int r = static_cast<int>((blockIdx.x * kTinyThreads + threadIdx.x) >> lg);
+  const bool act = r < rows;
+  const T* ip = in + (act ? r : 0) * cols;
+  float x[E];
+  float m = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < E; ++q) {
+    const int c = lane + q * tpr;
+    x[q] = act && c < cols ? ToFloat<T>(ip[c]) : -INFINITY;
+    m = fmaxf(m, x[q]);
+  }
+  m = GroupMax(m, tpr);
+  float sum = 0.f;
+#pragma unroll
+  for (int q = 0; q < E; ++q) {
+    const int c = lane + q * tpr;
+    x[q] = act && c < cols ? ExpDiff(x[q], m) : 0.f;
+    sum += x[q];
+  }
+  sum = GroupSum(sum, tpr);
+  const float inv = __fdividef(1.0f, sum);  // 1 <= sum <= 64 (or NaN), as in the tile kernel
+  T* op = out + (act ? r : 0) * cols;
+#pragma unroll
+  for (int q = 0; q < E; ++q) {
+    const int c = lane + q * tpr;
+    if (act && c < cols) op[c] = FromFloat<T>(x[q] * inv);
+  }
+}
+
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kRowBlock, kChunk, kPipe, kTile };
+enum class Kind { kRows, kRowBlock, kChunk, kPipe, kTile, kTiny };
 struct Plan {
   bool vec = false;    // 16-byte aligned rows of whole vectors
   bool edges = false;  // other rows, in and out at the same offset modulo 16: head / vectors / tail
@@ -1171,6 +1217,16 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   const bool others = k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 ||
                       k.long_rows != 0 || k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 ||
                       k.split != 0 || k.smem_bytes != 0;
+  // Tiny tensors of such rows, aligned or not: SoftmaxTinyKernel (tile = 2 forces it on any
+  // number of rows of <= 64 columns). 4 elements per lane at most.
+  const bool tiny_size = rows * cols * static_cast<int64_t>(sizeof(T)) <= kTinyMaxBytes;
+  if (k.tile == 2 || (k.tile == 0 && !others && cols <= kTileMaxCols && tiny_size)) {
+    if (cols > kTileMaxCols || rows * kTileMaxCols > INT_MAX) return cudaErrorInvalidValue;
+    p->kind = Kind::kTiny;
+    p->tpr = Pow2Ceil(CeilDiv(cols, int64_t{4}));
+    p->threads = kTinyThreads;
+    return cudaSuccess;
+  }
   if (k.tile > 0 || (k.tile == 0 && !others && !p->vec && cols <= kTileMaxCols)) {
     if (cols > kTileMaxCols || k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
     const TileShape ts = TileShapeOf(rows, cols, sizeof(T));
@@ -1181,7 +1237,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     p->threads = kTileThreads;
     return cudaSuccess;
   }
-  if (k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
+  if (k.tile < -1 || k.tile > 2) return cudaErrorInvalidValue;
   if (short_rows(nacc)) {
     p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
@@ -1470,12 +1526,31 @@ cudaError_t LaunchTile(const Plan& p, const void* in, void* out, int64_t rows, i
 }
 
 template <typename T>
+cudaError_t LaunchTiny(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(rows * p.tpr, int64_t{kTinyThreads}));
+  const int lg = __builtin_ctz(p.tpr);
+  const auto* i = static_cast<const T*>(in);
+  auto* o = static_cast<T*>(out);
+  const int r = static_cast<int>(rows), c = static_cast<int>(cols);
+  const int64_t e = CeilDiv(cols, int64_t{p.tpr});
+  if (e <= 1) {
+    SoftmaxTinyKernel<T, 1><<<blocks, kTinyThreads, 0, s>>>(i, o, r, c, lg);
+  } else if (e <= 2) {
+    SoftmaxTinyKernel<T, 2><<<blocks, kTinyThreads, 0, s>>>(i, o, r, c, lg);
+  } else {
+    SoftmaxTinyKernel<T, 4><<<blocks, kTinyThreads, 0, s>>>(i, o, r, c, lg);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
 cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int64_t rows, int64_t cols,
                            cudaStream_t s, Workspace ws) {
   Plan p;
   const cudaError_t e = MakePlan<T>(k, in, out, rows, cols, ws.ptr ? ws.bytes : 0, &p);
   if (e != cudaSuccess) return e;
   if (p.kind == Kind::kTile) return LaunchTile<T>(p, in, out, rows, cols, s);
+  if (p.kind == Kind::kTiny) return LaunchTiny<T>(p, in, out, rows, cols, s);
   constexpr int W = 16 / sizeof(T);
   if (p.vec) return LaunchPlanW<T, W>(p, in, out, rows, cols, ws.ptr, s);
   if (p.edges) return LaunchPlanW<T, W, true>(p, in, out, rows, cols, ws.ptr, s);
@@ -1537,6 +1612,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   }
   if (e != cudaSuccess) {
     std::snprintf(buf, len, "softmax/invalid");
+  } else if (p.kind == Kind::kTiny) {
+    std::snprintf(buf, len, "softmax/tiny tpr=%d t=%d", p.tpr, p.threads);
   } else if (p.kind == Kind::kTile) {
     std::snprintf(buf, len, "softmax/tile tpr=%d rows=%d t=%d %s", p.tpr, p.tile_rows, p.threads,
                   p.cs ? "cs" : "plain");

@@ -68,7 +68,9 @@ namespace fusebox::cuda {
 //                     consecutive rows read and written as one flat span of 16-byte vectors through
 //                     shared memory), -1 = never; 0 = automatic: softmax rows that are not whole
 //                     aligned vectors, row-sum rows under 128 bytes or not whole aligned vectors,
-//                     when no other short-row field is forced
+//                     when no other short-row field is forced; softmax only: 2 = the tiny kernel
+//                     (lanes read their row's elements straight from global memory, no shared
+//                     memory), automatic for tensors of such rows up to 128 KiB
 // GeLU uses vectors_per_thread (1, 2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

@@ -940,10 +940,11 @@ TEST_P(MemoryBound, TinyTensors) {
 }
 
 // Rows of 1-64 columns that take the tile kernel (softmax: rows that are not whole aligned
-// vectors; row sum: also aligned rows under 128 bytes): many rows (several full tiles and a
-// partial last one), every alignment offset of the tensor's start (the span's scalar head and
-// tail), in and out at different offsets (softmax's scalar stores), special rows (NaN, +inf,
-// all -inf, huge) for every row length, and the tile forced on aligned rows.
+// vectors; row sum: also aligned rows under 128 bytes) or, softmax tensors up to 128 KiB, the tiny
+// kernel: many rows (several full tiles and a partial last one), every alignment offset of the
+// tensor's start (the span's scalar head and tail) with each softmax kernel forced too, in and
+// out at different offsets (softmax's scalar stores), special rows (NaN, +inf, all -inf, huge)
+// for every row length, and the tile forced on aligned rows.
 TEST_P(MemoryBound, ShortRowTiles) {
   const DType dt = GetParam();
   const int64_t es = static_cast<int64_t>(ElementSize(dt));
@@ -958,6 +959,9 @@ TEST_P(MemoryBound, ShortRowTiles) {
     }
   }
   const std::vector<int64_t> small_cols = {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 33, 62, 63, 64};
+  KernelChoice tile, tiny;  // each softmax kernel on every offset, whichever the size picks
+  tile.tile = 1;
+  tiny.tile = 2;
   for (int64_t k = 0; k < 16 / es; ++k) {
     if (SmallMode() && k > 1 && k != 16 / es - 1) continue;
     const size_t e = static_cast<size_t>(k);
@@ -965,14 +969,22 @@ TEST_P(MemoryBound, ShortRowTiles) {
       if (SmallMode() && std::find(small_cols.begin(), small_cols.end(), cols) == small_cols.end()) continue;
       SCOPED_TRACE(::testing::Message() << "offset " << k * es << " bytes, " << some << "x" << cols);
       CheckSoftmax(some, cols, {e, e}, KernelChoice{});
+      CheckSoftmax(some, cols, {e, e}, tile);
+      CheckSoftmax(some, cols, {e, e}, tiny);
       CheckRowSum(some, cols, {e, e}, KernelChoice{});
-      if (k == 1) CheckSoftmax(some, cols, {e, 0}, KernelChoice{});  // different offsets: scalar stores
+      if (k == 1) {  // different offsets: scalar stores
+        CheckSoftmax(some, cols, {e, 0}, KernelChoice{});
+        CheckSoftmax(some, cols, {e, 0}, tile);
+        CheckSoftmax(some, cols, {e, 0}, tiny);
+      }
     }
   }
   for (int64_t cols : listed) {
     SCOPED_TRACE(::testing::Message() << "special rows, 37x" << cols);
     CheckSoftmax(37, cols, {0, 0}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
     CheckSoftmax(37, cols, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+    CheckSoftmax(37, cols, {1, 1}, tile, SpecialSoftmaxRows(dt, cols));
+    CheckSoftmax(many, cols, {1, 1}, tiny);  // forced past its automatic size
     auto edit = [&](std::vector<uint8_t>& in) {
       auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
       set(0, cols / 2, kNaN);
@@ -984,14 +996,13 @@ TEST_P(MemoryBound, ShortRowTiles) {
     };
     CheckRowSum(37, cols, {1, 1}, KernelChoice{}, -1.f, 1.f, edit);
   }
-  KernelChoice tile;
-  tile.tile = 1;
   for (int64_t cols : {int64_t{8}, int64_t{16}, int64_t{32}, int64_t{64}}) {
     CheckSoftmax(some, cols, {0, 0}, tile);
     CheckRowSum(some, cols, {0, 0}, tile);
   }
   DeviceBuffer b(1 << 16);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(tile, dt, b.get(), b.get() + 32768, 10, 65, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(tiny, dt, b.get(), b.get() + 32768, 10, 65, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchRowSumWith(tile, dt, b.get(), reinterpret_cast<float*>(b.get() + 32768), 10, 65, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
@@ -1084,7 +1095,13 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(f16, plus1, 1933946, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1259977, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
   EXPECT_EQ(sm(f16, plus1, 1693008, 62).rfind("softmax/tile tpr=16 ", 0), 0u);
-  EXPECT_EQ(sm(bf16, aligned, 631, 13), "softmax/tile tpr=4 rows=64 t=256 plain");
+  // Tensors of such rows up to 128 KiB: the tiny kernel, aligned or not; larger ones the tile.
+  EXPECT_EQ(sm(bf16, plus1, 631, 13), "softmax/tiny tpr=4 t=128");
+  EXPECT_EQ(sm(f16, aligned, 1171, 7), "softmax/tiny tpr=2 t=128");
+  EXPECT_EQ(sm(f16, plus1, 191, 43), "softmax/tiny tpr=16 t=128");
+  EXPECT_EQ(sm(f32, aligned, 512, 64), "softmax/tiny tpr=16 t=128");
+  EXPECT_EQ(sm(f32, aligned, 513, 64).rfind("softmax/rows vec", 0), 0u);
+  EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=4 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 ", 0), 0u);
@@ -1094,14 +1111,16 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(rs(f32, aligned, 3365475, 44).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2806056, 64).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f32, aligned, 1962977, 64), "rowsum/rows vec exact tpr=8 t=256 u=2 cs");
-  // Row sum, fewer than 264 rows of 512-1023 accesses: a block per row; fewer accesses or more
+  // Row sum, fewer than 264 rows of 64-1023 accesses: a block per row; fewer accesses or more
   // rows: the short-row kernel as before.
   const void* plus4 = reinterpret_cast<const void*>(uintptr_t{260});
   EXPECT_EQ(rs(f32, plus4, 127, 4093), "rowsum/cluster edges c=1 t=256 u=4 cs");
   EXPECT_EQ(rs(f32, aligned, 263, 2048), "rowsum/cluster vec c=1 t=256 u=4 cs");
   EXPECT_EQ(rs(f32, aligned, 264, 2048), "rowsum/rows vec tpr=32 t=256 u=8 cs");
-  EXPECT_EQ(rs(f32, aligned, 120, 1000), "rowsum/rows vec tpr=32 t=256 u=8 cs");
-  EXPECT_EQ(rs(bf16, aligned, 9, 1003).rfind("rowsum/rows edges tpr=16 ", 0), 0u);
+  EXPECT_EQ(rs(f32, aligned, 120, 1000).rfind("rowsum/cluster vec c=1 t=256 ", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 9, 1003).rfind("rowsum/cluster edges c=1 t=256 ", 0), 0u);
+  EXPECT_EQ(rs(f32, aligned, 120, 252).rfind("rowsum/rows vec ", 0), 0u);  // 63 accesses
+  EXPECT_EQ(rs(f32, aligned, 264, 1000), "rowsum/rows vec tpr=32 t=256 u=8 cs");
   // The benchmark's shapes: none takes a tile; softmax's split workspace as before (32 blocks per
   // row of 128x1048576, none elsewhere).
   const std::pair<int64_t, int64_t> bench_shapes[] = {
