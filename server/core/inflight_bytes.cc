@@ -27,6 +27,9 @@ InflightBytes::InflightBytes(int64_t limit, int64_t sending_limit, int64_t tenan
     : limit_(limit),
       sending_limit_(sending_limit > 0 ? sending_limit : limit),
       tenant_limit_(tenant_limit > 0 && tenant_limit < limit ? tenant_limit : limit),
+      tenant_sending_limit_(static_cast<int64_t>(static_cast<double>(sending_limit_) *
+                                                 static_cast<double>(tenant_limit_) /
+                                                 static_cast<double>(limit))),
       counter_(std::make_shared<Counter>()) {}
 
 InflightBytes::~InflightBytes() = default;
@@ -43,7 +46,7 @@ std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string
     const bool fits = (c.working == 0 || bytes <= limit_ - c.working) &&
                       (c.sending <= sending_limit_ || c.replies <= 1) &&
                       (mine.working == 0 || bytes <= tenant_limit_ - mine.working) &&
-                      (mine.sending <= tenant_limit_ || mine.replies <= 1);
+                      (mine.sending <= tenant_sending_limit_ || mine.replies <= 1);
     if (!fits) return nullptr;
     c.working += bytes;
     c.by_tenant[tenant].working += bytes;
@@ -91,11 +94,12 @@ absl::Status InflightBytes::Refusal(int64_t bytes, const std::string& tenant,
   }
   const auto it = c.by_tenant.find(tenant);
   const Counter::Held mine = it == c.by_tenant.end() ? Counter::Held{} : it->second;
-  if (tenant_limit_ < limit_ && mine.sending > tenant_limit_ && mine.replies > 1) {
+  if (mine.sending > tenant_sending_limit_ && mine.replies > 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "your replies not taken yet hold ", mine.sending, " bytes, past your share of ",
-        tenant_limit_, " of the server's ", limit_,
-        " (--tenant_inflight_share); take them, or retry once their calls have ended"));
+        tenant_sending_limit_, " of the ", sending_limit_,
+        " the server keeps for them (--tenant_inflight_share); take them, or retry once their "
+        "calls have ended"));
   }
   if (tenant_limit_ < limit_ && mine.working > 0 && bytes > tenant_limit_ - mine.working) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -26,7 +26,8 @@ namespace fusebox {
 // two of the largest messages). A call is let in when it fits beside the calls under way (and
 // beside its tenant's), or none is under way (or none of its tenant's, while the server has
 // room), and the replies on their way are within their budget, or are one reply (which may be
-// larger), and so are the tenant's within its share. So a client that does not take its
+// larger), and so are the tenant's within its share of that budget (the same part of it as of
+// the limit). So a client that does not take its
 // replies keeps its tenant's calls out once they fill its share, and every call once they
 // fill the server's budget, until the stall timeout ends them.
 class InflightBytes {
@@ -52,6 +53,7 @@ class InflightBytes {
  private:
   struct Counter;
   const int64_t limit_, sending_limit_, tenant_limit_;
+  const int64_t tenant_sending_limit_;  // the tenant's share of sending_limit_
   const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
 };
 

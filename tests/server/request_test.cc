@@ -336,18 +336,18 @@ TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
   EXPECT_EQ(f.used(), 0);
 }
 
-// A tenant's replies on their way count against its share as the server's count against its
-// budget: past it, and more than one, they keep that tenant's calls out, not another's.
+// A tenant's replies on their way count against its share of their budget as the server's count
+// against the whole: past it, and more than one, they keep that tenant's calls out, not another's.
 TEST(InflightBytes, ATenantsUntakenRepliesKeepOnlyItsOwnCallsOut) {
-  InflightBytes f(100, 1000, 40);
-  auto r1 = f.Sending(30, "a");
+  InflightBytes f(100, 150, 40);  // a tenant's share of the replies' budget: 60
+  auto r1 = f.Sending(50, "a");
   EXPECT_NE(f.TryReserve(40, "a"), nullptr);  // one reply: its next call still fits
-  auto r2 = f.Sending(30, "a");
+  auto r2 = f.Sending(20, "a");
   EXPECT_EQ(f.TryReserve(1, "a"), nullptr);
   const absl::Status why = f.Refusal(1, "a", "call");
   EXPECT_NE(std::string(why.message()).find("replies not taken"), std::string::npos) << why;
   EXPECT_NE(f.TryReserve(40, "b"), nullptr);
-  EXPECT_EQ(f.used_by("a"), 60);
+  EXPECT_EQ(f.used_by("a"), 70);
   r1.reset();
   EXPECT_NE(f.TryReserve(40, "a"), nullptr);
   r2.reset();

@@ -1188,7 +1188,8 @@ TEST_F(ServiceTest, AnUploadTricklingOneByteAtATimeIsCancelledWithinItsAllowance
 TEST_F(TokenServiceTest, ATenantWhoseClientTakesNoRepliesCannotStarveAnother) {
   ServerOptions o;
   o.token_file = path_;
-  o.inflight_bytes = 6 << 20;  // two tenants: 3 MiB each
+  o.inflight_bytes = 6 << 20;       // two tenants: 3 MiB each
+  o.max_message_bytes = 2 << 20;    // gRPC's buffers, the replies' budget: 6 MiB, 3 MiB each
   StartServer(o);
   PausableProxy proxy(server_->port());
   ASSERT_GT(proxy.port(), 0);
