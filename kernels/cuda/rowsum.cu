@@ -7,7 +7,7 @@
 //  - rows of <= 64 columns under 128 bytes or not whole aligned vectors (cols = 1, 7, 33, ...):
 //    the tile kernel, a block's ~8 KiB of consecutive rows read as one flat span of 16-byte
 //    vectors into shared memory, then summed there (RowSumTileKernel).
-//  - short rows (nacc < 1024; with fewer than 264 rows, nacc < 64): a group of `tpr` lanes
+//  - short rows (nacc < 1024; with fewer than 264 rows, nacc < 32): a group of `tpr` lanes
 //    (8..32 for 16-byte accesses, 4..32 scalar) per row, each lane summing every tpr-th access,
 //    4 or 8 loads in flight; shuffle reduction in the group; 256-thread blocks. Rows of exactly 2
 //    accesses per lane (128 columns) are read without a loop or bounds checks.
@@ -475,11 +475,11 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
   if (k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
   // 1024 accesses (16 KiB) and longer: a block per row beats a warp per row (bf16 8192 columns:
   // 4011 vs 3888 GB/s on the H200).
-  // Fewer rows than two blocks per SM, of 64+ accesses each: a block per row too (127x4093 fp32 ran
+  // Fewer rows than two blocks per SM, of 32+ accesses each: a block per row too (127x4093 fp32 ran
   // 16 blocks of 8 rows, each lane 4 dependent batches of loads: 0.58x of Triton; under graph
-  // replay fp32 120x1000 2.39 -> 1.88 us, Triton 1.85; bf16 9x1003 2.45 -> 1.96 us), unless a
-  // short-row field is forced.
-  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024 && (others || rows >= kFillBlocks || nacc < 64));
+  // replay fp32 120x1000 2.39 -> 1.88 us, Triton 1.85; bf16 9x1003 2.45 -> 1.96 us; fp32 17x251
+  // 2.60 -> 1.67 us, Triton 2.15), unless a short-row field is forced.
+  p->small = k.long_rows < 0 || (k.long_rows == 0 && nacc < 1024 && (others || rows >= kFillBlocks || nacc < 32));
   if (p->small) {
     // 16-byte accesses: one lane per 2, at least 8 and at most 32 lanes. In-process A/B against
     // one lane per 64 elements: bf16 128 columns 8 lanes +2.4-2.6%, fp32 1024 columns 32 lanes

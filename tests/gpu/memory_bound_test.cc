@@ -1111,7 +1111,7 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(rs(f32, aligned, 3365475, 44).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2806056, 64).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f32, aligned, 1962977, 64), "rowsum/rows vec exact tpr=8 t=256 u=2 cs");
-  // Row sum, fewer than 264 rows of 64-1023 accesses: a block per row; fewer accesses or more
+  // Row sum, fewer than 264 rows of 32-1023 accesses: a block per row; fewer accesses or more
   // rows: the short-row kernel as before.
   const void* plus4 = reinterpret_cast<const void*>(uintptr_t{260});
   EXPECT_EQ(rs(f32, plus4, 127, 4093), "rowsum/cluster edges c=1 t=256 u=4 cs");
@@ -1119,7 +1119,8 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(rs(f32, aligned, 264, 2048), "rowsum/rows vec tpr=32 t=256 u=8 cs");
   EXPECT_EQ(rs(f32, aligned, 120, 1000).rfind("rowsum/cluster vec c=1 t=256 ", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 9, 1003).rfind("rowsum/cluster edges c=1 t=256 ", 0), 0u);
-  EXPECT_EQ(rs(f32, aligned, 120, 252).rfind("rowsum/rows vec ", 0), 0u);  // 63 accesses
+  EXPECT_EQ(rs(f32, aligned, 17, 251).rfind("rowsum/cluster edges c=1 t=256 ", 0), 0u);  // 62
+  EXPECT_EQ(rs(f32, aligned, 120, 124).rfind("rowsum/rows vec ", 0), 0u);  // 31 accesses
   EXPECT_EQ(rs(f32, aligned, 264, 1000), "rowsum/rows vec tpr=32 t=256 u=8 cs");
   // The benchmark's shapes: none takes a tile; softmax's split workspace as before (32 blocks per
   // row of 128x1048576, none elsewhere).
