@@ -459,10 +459,11 @@ bool Client::WaitForReady(std::chrono::milliseconds timeout) {
 }
 
 absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
-                               grpc::ByteBuffer* response, std::chrono::milliseconds timeout) {
+                               grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
+                               const std::string& handle) {
   thread_local ThreadCq tcq;
   grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
+  Prepare(&ctx, timeout, handle);
   grpc::Status status;
   {
     auto call = stub_->PrepareUnaryCall(&ctx, method, request, &tcq.cq);
@@ -497,7 +498,15 @@ absl::Status Client::Call(Op op, const std::vector<Arg>& inputs, OpResult* resul
           options_.request_path == RequestPath::kZeroCopy
               ? Encode(matmul, inputs, opts, &refs)
               : EncodeProtobuf(matmul, inputs, opts);
-      st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout);
+      // The first input given by handle says which replica the call must reach.
+      std::string routed;
+      for (const Arg& a : inputs) {
+        if (!a.handle().empty()) {
+          routed = a.handle();
+          break;
+        }
+      }
+      st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout, routed);
     }
     refs.WaitAllReleased();
   }
@@ -534,10 +543,19 @@ absl::StatusOr<OpResult> Client::MatmulRelu(const Arg& a, const Arg& b, const Ar
   return Run(Op::kMatmulRelu, {a, b, bias}, opts);
 }
 
-void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+std::string ReplicaOf(const std::string& handle) {
+  const size_t dot = handle.find('.');
+  return dot == std::string::npos ? std::string() : handle.substr(0, dot);
+}
+
+void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
+                     const std::string& handle) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     (timeout.count() > 0 ? timeout : options_.default_timeout));
   if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  if (const std::string replica = ReplicaOf(handle); !replica.empty()) {
+    ctx->AddMetadata(kReplicaHeader, replica);
+  }
 }
 
 namespace {
@@ -581,7 +599,7 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
 absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
                                             std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
+  Prepare(&ctx, timeout, handle);
   pb::DownloadRequest req;
   req.set_handle(handle);
   auto reader = kernel_stub_->Download(&ctx, req);
@@ -620,7 +638,7 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
 
 absl::StatusOr<int64_t> Client::FreeTensor(const std::string& handle) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, {});
+  Prepare(&ctx, {}, handle);
   pb::FreeTensorRequest req;
   req.set_handle(handle);
   pb::FreeTensorResponse resp;
@@ -645,7 +663,7 @@ absl::StatusOr<TensorList> Client::ListTensors() {
 
 absl::StatusOr<TensorInfo> Client::StatTensor(const std::string& handle) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, {});
+  Prepare(&ctx, {}, handle);
   pb::ListTensorsRequest req;
   req.set_handle(handle);
   pb::ListTensorsResponse resp;

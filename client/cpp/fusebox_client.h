@@ -57,6 +57,13 @@ struct Timing {
   double rpc_us = 0;  // client wall clock: call start -> response parsed
 };
 
+// The metadata header that names the replica holding a call's handles: a server started with
+// --replica_id mints handles "<replica>.<random>", and every call naming one sends this header
+// with <replica>, which a proxy in front of several replicas routes on (deploy/proxy).
+inline constexpr char kReplicaHeader[] = "fusebox-replica";
+// The replica a handle names; empty for a bare one.
+std::string ReplicaOf(const std::string& handle);
+
 // An op input: a tensor sent inline (implicitly, from a HostTensor, which must
 // outlive the call) or a handle to a tensor the server holds (see Upload).
 class Arg {
@@ -192,9 +199,12 @@ class Client {
  private:
   Client(std::shared_ptr<grpc::Channel> channel, Options options);
   absl::StatusOr<OpResult> Run(Op op, std::vector<Arg> inputs, const CallOptions& opts);
-  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
+  // The deadline, the token, and for a call naming `handle` its replica's header.
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
+               const std::string& handle = {}) const;
   absl::Status UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
-                         grpc::ByteBuffer* response, std::chrono::milliseconds timeout);
+                         grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
+                         const std::string& handle = {});
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
