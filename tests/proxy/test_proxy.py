@@ -49,11 +49,11 @@ def _free_port():
 class Server:
     """A fusebox-server replica on a free loopback port (parsed from its start-up line)."""
 
-    def __init__(self, replica, token_file):
+    def __init__(self, replica, token_file, tls_flags=()):
         self.replica = replica
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", f"--replica_id={replica}",
-             f"--token_file={token_file}", "--drain_seconds=20", "--workers=2"],
+             f"--token_file={token_file}", "--drain_seconds=20", "--workers=2", *tls_flags],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent)
         line = self.proc.stdout.readline().decode()
@@ -97,14 +97,30 @@ def _wait_for(predicate, timeout=15, what="a condition"):
 
 
 class Cluster:
-    def __init__(self, tmp):
+    """Three replicas and the proxy; with tls, TLS on both hops, with the certificates that
+    deploy/k8s/make-secrets.sh makes and the proxy options the Kubernetes manifests set."""
+
+    def __init__(self, tmp, tls=False):
         self.token_file = tmp / "tokens"
         self.token_file.write_text("".join(f"{t} {n}\n" for t, n in TENANTS.items()))
-        self.servers = {r: Server(r, self.token_file) for r in REPLICAS}
+        tls_flags, env = (), dict(os.environ)
+        self.client_tls = {}
+        if tls:
+            pki = tmp / "secrets"
+            subprocess.run([str(ROOT / "deploy/k8s/make-secrets.sh"), str(pki), "test"],
+                           check=True, capture_output=True)
+            shutil.copy(pki / "tls.crt", tmp / "proxy.pem")
+            shutil.copy(pki / "tls.key", tmp / "proxy.pem.key")
+            tls_flags = (f"--tls_cert={pki / 'tls.crt'}", f"--tls_key={pki / 'tls.key'}")
+            env["FUSEBOX_PROXY_BIND_OPTS"] = f"ssl crt {tmp / 'proxy.pem'} alpn h2"
+            env["FUSEBOX_SERVER_OPTS"] = (f"ssl verify required ca-file {pki / 'ca.crt'} "
+                                          "verifyhost fusebox alpn h2")
+            self.client_tls = {"root_certificates": str(pki / "ca.crt"),
+                               "server_name": "fusebox"}
+        self.servers = {r: Server(r, self.token_file, tls_flags) for r in REPLICAS}
         self.proxy_address = f"127.0.0.1:{_free_port()}"
         self.stats_address = f"127.0.0.1:{_free_port()}"
-        env = dict(os.environ, FUSEBOX_PROXY_BIND=self.proxy_address,
-                   FUSEBOX_PROXY_STATS=self.stats_address)
+        env.update(FUSEBOX_PROXY_BIND=self.proxy_address, FUSEBOX_PROXY_STATS=self.stats_address)
         for i, r in enumerate(REPLICAS):
             env[f"FUSEBOX_REPLICA_{i}"] = self.servers[r].address
         self.proxy = subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], env=env,
@@ -197,6 +213,18 @@ def test_the_cpp_client_routes_its_handles_through_the_proxy(cluster, tmp_path):
         np.testing.assert_allclose(np.load(tmp_path / "s.npy").sum(axis=1), np.ones(4), rtol=1e-5)
         cli("free", h, kept)
     assert len(replicas) > 1
+
+
+def test_chains_run_with_tls_on_both_sides_of_the_proxy(tmp_path):
+    cluster = Cluster(tmp_path, tls=True)
+    try:
+        with Client(cluster.proxy_address, token="tok-carol", timeout=30,
+                    **cluster.client_tls) as c:
+            rng = np.random.default_rng(3)
+            replicas = {replica_of(_chain(c, rng)[0]) for _ in range(9)}
+            assert len(replicas) > 1
+    finally:
+        cluster.close()
 
 
 def test_a_tenant_cannot_reach_another_tenants_handle_through_the_proxy(cluster):
