@@ -245,9 +245,11 @@ def test_an_unknown_replica_is_not_found_from_the_proxy(cluster):
 
 
 def test_a_replica_stopped_under_load_loses_no_acknowledged_call(cluster):
-    """SIGTERM to one replica while every tenant runs chains: calls whose tensors were on it
-    may fail NOT_FOUND (replica gone) or UNAVAILABLE; every other call succeeds, and every
-    call that succeeded returned the right numbers."""
+    """SIGTERM to one replica while every tenant runs chains. Calls naming a handle of the
+    stopping replica may fail as README documents for a replica going away (NOT_FOUND "is
+    gone", UNAVAILABLE, or CANCELLED for a call that crossed its shutdown): its tensors are lost
+    anyway. Every other call succeeds, uploads (which name no handle) included, and every call
+    that succeeded returned the right numbers."""
     victim = "fusebox-1"
     held = {}
     with Client(cluster.proxy_address, token="tok-alice") as c:
@@ -257,15 +259,16 @@ def test_a_replica_stopped_under_load_loses_no_acknowledged_call(cluster):
             held.setdefault(replica_of(h), h)
 
     stop = threading.Event()
-    codes = Counter()      # failures, by (on the victim?, code)
+    codes = Counter()      # failures, by (where: the replica or "upload", code)
     bad = []               # failures that no replica going away explains
     done = Counter()
+    gone = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
 
     def tenant(token, seed):
         rng = np.random.default_rng(seed)
         with Client(cluster.proxy_address, token=token, timeout=30) as c:
             while not stop.is_set():
-                replica = None
+                replica = "upload"
                 try:
                     x = rng.standard_normal((4, 17)).astype(np.float32)
                     h = c.upload(x)
@@ -277,11 +280,10 @@ def test_a_replica_stopped_under_load_loses_no_acknowledged_call(cluster):
                     c.free(h)
                     done[replica] += 1
                 except FuseboxError as e:
-                    on_victim = replica in (None, victim)
-                    codes[(on_victim, e.code.name)] += 1
-                    retryable = e.code == grpc.StatusCode.UNAVAILABLE or (
+                    codes[(replica, e.code.name)] += 1
+                    documented = e.code in gone or (
                         e.code == grpc.StatusCode.NOT_FOUND and "is gone" in e.details)
-                    if not (on_victim and retryable):
+                    if not (replica == victim and documented):
                         bad.append((replica, e.code.name, e.details))
 
     threads = [threading.Thread(target=tenant, args=(t, i)) for i, t in enumerate(TENANTS)]
@@ -297,7 +299,7 @@ def test_a_replica_stopped_under_load_loses_no_acknowledged_call(cluster):
     for t in threads:
         t.join()
 
-    print("failures by (on the stopped replica, code):", dict(codes), "chains done:", dict(done))
+    print("failures by (replica or upload, code):", dict(codes), "chains done:", dict(done))
     assert not bad, (bad[:5], codes)
     assert before > 0 and sum(done.values()) > before, done
     assert done["fusebox-0"] > 0 and done["fusebox-2"] > 0
