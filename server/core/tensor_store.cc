@@ -139,9 +139,10 @@ absl::Status TensorStore::NotFound(const std::string& handle) const {
   if (dot != std::string::npos && dot > 0 && handle.compare(0, dot, replica_id_) != 0) {
     const std::string owner = echo.substr(0, std::min(dot, echo.size()));
     return absl::NotFoundError(absl::StrCat(
-        "no tensor with handle '", echo, "' here: it was made by replica '", owner,
-        "' and this is replica '", replica_id_,
-        "'; calls naming it must reach that replica (send the header 'fusebox-replica: ", owner,
+        "no tensor with handle '", echo, "' here: it was made by replica '", owner, "' and ",
+        replica_id_.empty() ? std::string("this server has no --replica_id")
+                            : absl::StrCat("this is replica '", replica_id_, "'"),
+        "; calls naming it must reach that replica (send the header 'fusebox-replica: ", owner,
         "' through a proxy that routes on it); if that replica is gone, so is the tensor"));
   }
   return absl::NotFoundError(absl::StrCat(

@@ -326,6 +326,8 @@ def test_router_sends_handles_to_their_replica_without_a_proxy(tmp_path):
             rng = np.random.default_rng(7)
             made = [_chain(r, rng) for _ in range(9)]
             assert {replica_of(hs[0]) for hs in made} == set(REPLICAS)
+            listed = {t.handle for t in r.list_tensors()[0]}
+            assert listed == {h for hs in made for h in hs}
             with pytest.raises(FuseboxError) as e:
                 r.gelu(Handle("fusebox-9.t0000"))
             assert e.value.code == grpc.StatusCode.NOT_FOUND

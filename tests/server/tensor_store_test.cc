@@ -242,9 +242,15 @@ TEST_F(TensorStoreTest, HandlesStartWithTheReplicaIdAndOtherReplicasHandlesSayWh
   EXPECT_EQ(std::string(freed.status().message()).find("made by replica"), std::string::npos);
 }
 
-TEST_F(TensorStoreTest, WithoutAReplicaIdHandlesAreBare) {
+TEST_F(TensorStoreTest, WithoutAReplicaIdHandlesAreBareAndReplicasHandlesAreNamed) {
   TensorStore s(backend_.get(), Limits(1000, 1000));
   EXPECT_EQ(Put(s, "x", 4).find('.'), std::string::npos);
+  auto elsewhere = s.Get("x", "fusebox-0.t0123");
+  EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kNotFound);
+  const std::string msg(elsewhere.status().message());
+  EXPECT_NE(msg.find("made by replica 'fusebox-0' and this server has no --replica_id"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

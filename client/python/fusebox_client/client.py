@@ -481,6 +481,17 @@ class Router:
     def free(self, handle) -> int:
         return self.client_for(handle).free(handle)
 
+    def list_tensors(self):
+        """Every target's list_tensors together: (TensorInfos, used_bytes, quota_bytes), the
+        bytes summed over the targets."""
+        infos, used, quota = [], 0, 0
+        for c in self.clients:
+            i, u, q = c.list_tensors()
+            infos += i
+            used += u
+            quota += q
+        return infos, used, quota
+
 
 def _varint(n: int) -> bytes:
     out = bytearray()
