@@ -49,11 +49,11 @@ def _free_port():
 class Server:
     """A fusebox-server replica on a free loopback port (parsed from its start-up line)."""
 
-    def __init__(self, replica, token_file, tls_flags=()):
+    def __init__(self, replica, token_file, flags=()):
         self.replica = replica
         self.proc = subprocess.Popen(
             [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", f"--replica_id={replica}",
-             f"--token_file={token_file}", "--drain_seconds=20", "--workers=2", *tls_flags],
+             f"--token_file={token_file}", "--drain_seconds=20", "--workers=2", *flags],
             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent)
         line = self.proc.stdout.readline().decode()
@@ -100,7 +100,7 @@ class Cluster:
     """Three replicas and the proxy; with tls, TLS on both hops, with the certificates that
     deploy/k8s/make-secrets.sh makes and the proxy options the Kubernetes manifests set."""
 
-    def __init__(self, tmp, tls=False):
+    def __init__(self, tmp, tls=False, notice_s=0):
         self.token_file = tmp / "tokens"
         self.token_file.write_text("".join(f"{t} {n}\n" for t, n in TENANTS.items()))
         tls_flags, env = (), dict(os.environ)
@@ -117,7 +117,8 @@ class Cluster:
                                           "verifyhost fusebox alpn h2")
             self.client_tls = {"root_certificates": str(pki / "ca.crt"),
                                "server_name": "fusebox"}
-        self.servers = {r: Server(r, self.token_file, tls_flags) for r in REPLICAS}
+        flags = (*tls_flags, f"--shutdown_notice_s={notice_s}")
+        self.servers = {r: Server(r, self.token_file, flags) for r in REPLICAS}
         self.proxy_address = f"127.0.0.1:{_free_port()}"
         self.stats_address = f"127.0.0.1:{_free_port()}"
         env.update(FUSEBOX_PROXY_BIND=self.proxy_address, FUSEBOX_PROXY_STATS=self.stats_address)
@@ -244,12 +245,23 @@ def test_an_unknown_replica_is_not_found_from_the_proxy(cluster):
         assert "replica is gone" in e.value.details
 
 
-def test_a_replica_stopped_under_load_loses_no_acknowledged_call(cluster):
+# notice 0: the replica refuses new calls at once; 1: it keeps serving for a second first, as
+# the Kubernetes manifests have it (5 s there), while the proxy still sends it calls.
+@pytest.mark.parametrize("notice_s", [0, 1])
+def test_a_replica_stopped_under_load_loses_no_acknowledged_call(tmp_path, notice_s):
     """SIGTERM to one replica while every tenant runs chains. Calls naming a handle of the
     stopping replica may fail as README documents for a replica going away (NOT_FOUND "is
     gone", UNAVAILABLE, or CANCELLED for a call that crossed its shutdown): its tensors are lost
     anyway. Every other call succeeds, uploads (which name no handle) included, and every call
     that succeeded returned the right numbers."""
+    cluster = Cluster(tmp_path, notice_s=notice_s)
+    try:
+        _stop_one_replica_under_load(cluster)
+    finally:
+        cluster.close()
+
+
+def _stop_one_replica_under_load(cluster):
     victim = "fusebox-1"
     held = {}
     with Client(cluster.proxy_address, token="tok-alice") as c:
