@@ -688,4 +688,74 @@ absl::StatusOr<HealthStatus> Client::Health(const std::string& service,
   return ParseHealth(response);
 }
 
+std::unique_ptr<Router> Router::Create(const std::vector<std::string>& targets,
+                                       Client::Options options) {
+  std::unique_ptr<Router> r(new Router());
+  for (const std::string& t : targets) {
+    const size_t eq = t.find('=');
+    r->clients_.push_back(Client::Create(eq == std::string::npos ? t : t.substr(eq + 1), options));
+    if (eq != std::string::npos) r->by_replica_[t.substr(0, eq)] = r->clients_.back().get();
+  }
+  return r;
+}
+
+absl::StatusOr<Client*> Router::For(const std::string& handle) {
+  if (clients_.empty()) return absl::FailedPreconditionError("the router has no targets");
+  const std::string replica = ReplicaOf(handle);
+  if (replica.empty()) return clients_[turn_.fetch_add(1) % clients_.size()].get();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_replica_.find(replica);
+  if (it == by_replica_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no target is known for replica '", replica,
+        "' (the handle's replica is gone, or none of its handles has come through this router)"));
+  }
+  return it->second;
+}
+
+void Router::Learn(const std::string& handle, Client* client) {
+  const std::string replica = ReplicaOf(handle);
+  if (replica.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  by_replica_.emplace(replica, client);
+}
+
+absl::Status Router::Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
+                          const CallOptions& opts) {
+  std::string routed;
+  for (const Arg& a : inputs) {
+    if (!a.handle().empty()) {
+      routed = a.handle();
+      break;
+    }
+  }
+  absl::StatusOr<Client*> c = For(routed);
+  if (!c.ok()) return c.status();
+  absl::Status st = (*c)->Call(op, inputs, result, opts);
+  if (st.ok()) Learn(result->handle, *c);
+  return st;
+}
+
+absl::StatusOr<TensorInfo> Router::Upload(const HostTensor& tensor, int64_t chunk_bytes,
+                                          std::chrono::milliseconds timeout) {
+  absl::StatusOr<Client*> c = For("");
+  if (!c.ok()) return c.status();
+  auto info = (*c)->Upload(tensor, chunk_bytes, timeout);
+  if (info.ok()) Learn(info->handle, *c);
+  return info;
+}
+
+absl::StatusOr<HostTensor> Router::Download(const std::string& handle,
+                                            std::chrono::milliseconds timeout) {
+  absl::StatusOr<Client*> c = For(handle);
+  if (!c.ok()) return c.status();
+  return (*c)->Download(handle, timeout);
+}
+
+absl::StatusOr<int64_t> Router::FreeTensor(const std::string& handle) {
+  absl::StatusOr<Client*> c = For(handle);
+  if (!c.ok()) return c.status();
+  return (*c)->FreeTensor(handle);
+}
+
 }  // namespace fusebox::client
