@@ -343,6 +343,18 @@ def test_router_sends_handles_to_their_replica_without_a_proxy(tmp_path):
             with pytest.raises(FuseboxError) as e:
                 r.gelu(Handle("fusebox-9.t0000"))
             assert e.value.code == grpc.StatusCode.NOT_FOUND
+        # The CLI, given every replica by name, routes each handle to its own.
+        servers_arg = ",".join(f"{s.replica}={s.address}" for s in servers)
+        env = dict(os.environ, FUSEBOX_TOKEN="tok-alice")
+        for hs in made[:3]:
+            r = subprocess.run([CLI_BIN, "--server", servers_arg, "softmax", "@" + hs[0], "--keep",
+                                "-q"], capture_output=True, text=True, timeout=60, env=env)
+            assert r.returncode == 0, r.stderr
+            assert replica_of(r.stdout.strip()) == replica_of(hs[0])
+        r = subprocess.run([CLI_BIN, "--server", servers_arg, "download", "fusebox-9.t0", "-o",
+                            str(tmp_path / "x.npy")], capture_output=True, text=True, timeout=60,
+                           env=env)
+        assert r.returncode == 1 and "NOT_FOUND" in r.stderr
         # Sent to the wrong replica, a handle is NOT_FOUND naming the replica that holds it.
         wrong = next(s for s in servers if s.replica != replica_of(made[0][0]))
         with Client(wrong.address, token="tok-alice") as c:
