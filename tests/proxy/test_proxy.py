@@ -275,6 +275,7 @@ def _stop_one_replica_under_load(cluster):
     bad = []               # failures that no replica going away explains
     done = Counter()
     gone = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}
+    details = set()
 
     def tenant(token, seed):
         rng = np.random.default_rng(seed)
@@ -297,6 +298,7 @@ def _stop_one_replica_under_load(cluster):
                         e.code == grpc.StatusCode.NOT_FOUND and "is gone" in e.details)
                     if not (replica == victim and documented):
                         bad.append((replica, e.code.name, e.details))
+                    details.add(e.details)
 
     threads = [threading.Thread(target=tenant, args=(t, i)) for i, t in enumerate(TENANTS)]
     for t in threads:
@@ -311,7 +313,8 @@ def _stop_one_replica_under_load(cluster):
     for t in threads:
         t.join()
 
-    print("failures by (replica or upload, code):", dict(codes), "chains done:", dict(done))
+    print("failures by (replica or upload, code):", dict(codes), "chains done:", dict(done),
+          "messages:", details)
     assert not bad, (bad[:5], codes)
     assert before > 0 and sum(done.values()) > before, done
     assert done["fusebox-0"] > 0 and done["fusebox-2"] > 0
