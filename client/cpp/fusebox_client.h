@@ -13,9 +13,9 @@
 // A Client is thread-safe: one channel, many concurrent calls.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
