@@ -7,8 +7,9 @@ pkgs=(
   build-essential cmake pkg-config file
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libssl-dev openssl prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev libbenchmark-dev
-  python3 python3-pip python3-grpcio python3-h2 python3-numpy python3-protobuf python3-pytest
+  python3 python3-pip python3-grpcio python3-h2 python3-numpy python3-protobuf python3-pytest python3-yaml
   prometheus
+  haproxy  # tests/proxy: the replica-routing proxy of deploy/proxy, in front of three servers
   clang libclang-rt-14-dev  # the fuzzers (scripts/fuzz.sh): clang 14 and its libFuzzer
 )
 missing=()

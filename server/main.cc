@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -55,6 +56,12 @@ ABSL_FLAG(std::string, token_file, "",
           "file of `token tenant` lines; callers send `authorization: Bearer <token>`. "
           "Empty = open server, every caller is tenant 'anonymous'. Without TLS the tokens "
           "cross the network in cleartext (the server warns at start-up)");
+ABSL_FLAG(std::string, replica_id,
+          fusebox::ReplicaIdFromHostname(std::getenv("HOSTNAME") ? std::getenv("HOSTNAME") : ""),
+          "prefixed to every handle this server mints (\"<id>.<random>\") so that a proxy or a "
+          "client in front of several replicas sends the calls naming a handle to the replica "
+          "holding it; 1-63 letters, digits, '-' or '_'; empty = bare handles. Default: "
+          "$HOSTNAME's first label (a Kubernetes pod's name), or empty");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate (chain) the gRPC port serves TLS with, with --tls_key; empty = "
           "plaintext. Read again every --tls_reload_s: new connections get the new files, open "
@@ -165,6 +172,7 @@ int main(int argc, char** argv) {
   o.shutdown_notice_seconds = absl::GetFlag(FLAGS_shutdown_notice_s);
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.token_file = absl::GetFlag(FLAGS_token_file);
+  o.replica_id = absl::GetFlag(FLAGS_replica_id);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);

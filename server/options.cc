@@ -10,6 +10,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace fusebox {
@@ -88,6 +89,16 @@ absl::Status CheckTlsFiles(const ServerOptions& o) {
   return absl::OkStatus();
 }
 
+// A replica id travels in handles (before their '.'), in a metadata header and in pod and DNS
+// names: a DNS label's characters, and '_'.
+bool ValidReplicaId(const std::string& id) {
+  if (id.empty() || id.size() > 63) return false;
+  for (char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int64_t FairShareDivisor(size_t tenants) {
@@ -162,7 +173,15 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (o.malloc_retain_bytes < 0) {
     return bad(absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib));
   }
+  if (!ValidReplicaId(o.replica_id) && !o.replica_id.empty()) {
+    return bad("--replica_id must be 1-63 letters, digits, '-' or '_' (or empty)");
+  }
   return CheckTlsFiles(o);
+}
+
+std::string ReplicaIdFromHostname(const std::string& hostname) {
+  const std::string label = hostname.substr(0, hostname.find('.'));
+  return ValidReplicaId(label) ? label : std::string();
 }
 
 }  // namespace fusebox

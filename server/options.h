@@ -22,6 +22,10 @@ struct ServerOptions {
   double drain_seconds = 30;              // grace for in-flight calls at shutdown
   std::string metrics_address;            // host:port for /metrics (0 picks a port); empty = off
   std::string token_file;                 // `token tenant` lines; empty = open server
+  // Prefixed to every handle this server mints ("<id>.<random>") so that calls naming it can be
+  // routed to this replica; 1-63 letters, digits, '-' or '_', or empty (bare handles). main's
+  // default is the host name's first label (a Kubernetes pod's name).
+  std::string replica_id;
   // TLS on the gRPC port, from PEM files: a certificate (chain) and its key, both or neither
   // (neither = plaintext). With a client CA every client must present a certificate that CA
   // signed (mTLS). gRPC reads the files again every tls_reload_seconds: new connections get
@@ -73,6 +77,10 @@ absl::Status CheckOptions(const ServerOptions& o);
 
 // Whether the gRPC port speaks TLS.
 inline bool TlsEnabled(const ServerOptions& o) { return !o.tls_cert_file.empty(); }
+
+// The replica id a host name gives: its first label when that is a valid --replica_id, else
+// empty.
+std::string ReplicaIdFromHostname(const std::string& hostname);
 
 // Whether --address names a socket (unix:, unix-abstract:, vsock:) rather than HOST:PORT.
 bool IsSocketAddress(const std::string& address);

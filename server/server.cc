@@ -325,13 +325,14 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // Anonymous callers are one tenant.
   const size_t tenants = s->auth.open() ? 1 : s->auth.tenants();
   const StoreLimits limits = ChooseStoreLimits(o, *s->backend, tenants);
-  s->store = std::make_unique<TensorStore>(s->backend.get(), limits);
+  s->store = std::make_unique<TensorStore>(s->backend.get(), limits, o.replica_id);
   Log("tensor store: budget %lld MiB, quota %lld MiB per tenant, up to %lld tensors (%lld per "
-      "tenant), idle expiry %g s",
+      "tenant), idle expiry %g s, handles of replica '%s'",
       static_cast<long long>(limits.budget_bytes >> 20),
       static_cast<long long>(limits.tenant_quota_bytes >> 20),
       static_cast<long long>(limits.max_tensors),
-      static_cast<long long>(limits.max_tensors_per_tenant), limits.idle_expiry_seconds);
+      static_cast<long long>(limits.max_tensors_per_tenant), limits.idle_expiry_seconds,
+      o.replica_id.c_str());
 
   if (!o.metrics_address.empty()) {
     auto m = Metrics::Start(o.metrics_address, s->backend.get());

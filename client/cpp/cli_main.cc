@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/npy.h"
 
@@ -40,7 +41,9 @@ ops:
   health       prints SERVING / NOT_SERVING; exit 0 only when SERVING
 
 options:
-  --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051)
+  --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051);
+                      several replicas without a proxy: ID=HOST:PORT,ID=HOST:PORT (calls
+                      naming a handle go to the replica ID it starts with)
   --token T           bearer token for a server with a token file (default: $FUSEBOX_TOKEN)
   --tls               speak TLS, trusting the system's CA certificates (implied by
                       any of the three below)
@@ -208,7 +211,26 @@ int main(int argc, char** argv) {
     if (!st.ok()) return Fail(st);
     copts.tls.server_name = tls_server_name;
   }
-  auto client = fc::Client::Create(server, copts);
+  // Several servers, "ID=HOST:PORT,...": a call naming a handle goes to the replica whose id
+  // starts it, the rest to the first (a single call has no turn to take).
+  std::unique_ptr<fc::Router> router;
+  std::unique_ptr<fc::Client> client;
+  if (server.find(',') != std::string::npos || server.find('=') != std::string::npos) {
+    std::vector<std::string> targets = absl::StrSplit(server, ',');
+    for (const auto& t : targets) {
+      if (t.find('=') == std::string::npos || t.front() == '=') {
+        return Usage("with several servers, name each one's replica: ID=HOST:PORT,ID=HOST:PORT");
+      }
+    }
+    if (op == "health" || op == "list") return Usage(op + " takes one server");
+    router = fc::Router::Create(targets, copts);
+  } else {
+    client = fc::Client::Create(server, copts);
+  }
+  auto pick = [&](const std::string& handle) -> absl::StatusOr<fc::Client*> {
+    if (!router) return client.get();
+    return router->For(handle);
+  };
 
   if (op == "health") {
     if (!inputs.empty()) return Usage("health takes no inputs");
@@ -229,7 +251,9 @@ int main(int argc, char** argv) {
     if (!arr.ok()) return Fail(arr.status());
     auto t = fc::NpyToTensor(*arr, want);
     if (!t.ok()) return Fail(t.status());
-    auto info = client->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout);
+    auto c = pick("");
+    if (!c.ok()) return Fail(c.status());
+    auto info = (*c)->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout);
     if (!info.ok()) return Fail(info.status());
     print_info(*info);
     return 0;
@@ -237,7 +261,9 @@ int main(int argc, char** argv) {
   if (op == "download") {
     if (inputs.size() != 1) return Usage("download takes one handle");
     if (output.empty()) return Usage("no output file: pass -o OUT.npy");
-    auto t = client->Download(inputs[0], opts.timeout);
+    auto c = pick(inputs[0]);
+    if (!c.ok()) return Fail(c.status());
+    auto t = (*c)->Download(inputs[0], opts.timeout);
     if (!t.ok()) return Fail(t.status());
     absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(*t, bf16_bits));
     if (!st.ok()) return Fail(st);
@@ -247,7 +273,9 @@ int main(int argc, char** argv) {
   if (op == "free") {
     if (inputs.empty()) return Usage("free takes one or more handles");
     for (const auto& h : inputs) {
-      auto n = client->FreeTensor(h);
+      auto c = pick(h);
+      if (!c.ok()) return Fail(c.status());
+      auto n = (*c)->FreeTensor(h);
       if (!n.ok()) return Fail(n.status());
       if (!quiet) std::printf("%s freed (%lld bytes)\n", h.c_str(), static_cast<long long>(*n));
     }
@@ -297,15 +325,21 @@ int main(int argc, char** argv) {
       {"matmul_relu", fc::Op::kMatmulRelu}};
   fc::Op which = fc::Op::kGelu;
   for (const auto& [name, o] : kOps) if (op == name) which = o;
+  std::string routed;
+  for (const auto& a : args) {
+    if (!a.handle().empty() && routed.empty()) routed = a.handle();
+  }
+  auto c = pick(routed);
+  if (!c.ok()) return Fail(c.status());
   fc::OpResult r;
-  absl::Status st = client->Call(which, args, &r, opts);
+  absl::Status st = (*c)->Call(which, args, &r, opts);
   if (!st.ok()) return Fail(st);
 
   if (keep) {
     // Printed even with -q: it is the result.
     std::printf("%s\n", r.handle.c_str());
     if (!output.empty()) {
-      auto t = client->Download(r.handle, opts.timeout);
+      auto t = (*c)->Download(r.handle, opts.timeout);
       if (!t.ok()) return Fail(t.status());
       r.output = std::move(*t);
     }

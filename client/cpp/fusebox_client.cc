@@ -459,10 +459,11 @@ bool Client::WaitForReady(std::chrono::milliseconds timeout) {
 }
 
 absl::Status Client::UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
-                               grpc::ByteBuffer* response, std::chrono::milliseconds timeout) {
+                               grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
+                               const std::string& handle) {
   thread_local ThreadCq tcq;
   grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
+  Prepare(&ctx, timeout, handle);
   grpc::Status status;
   {
     auto call = stub_->PrepareUnaryCall(&ctx, method, request, &tcq.cq);
@@ -497,7 +498,15 @@ absl::Status Client::Call(Op op, const std::vector<Arg>& inputs, OpResult* resul
           options_.request_path == RequestPath::kZeroCopy
               ? Encode(matmul, inputs, opts, &refs)
               : EncodeProtobuf(matmul, inputs, opts);
-      st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout);
+      // The first input given by handle says which replica the call must reach.
+      std::string routed;
+      for (const Arg& a : inputs) {
+        if (!a.handle().empty()) {
+          routed = a.handle();
+          break;
+        }
+      }
+      st = UnaryCall(kMethods[static_cast<int>(op)], request, &response, opts.timeout, routed);
     }
     refs.WaitAllReleased();
   }
@@ -534,10 +543,19 @@ absl::StatusOr<OpResult> Client::MatmulRelu(const Arg& a, const Arg& b, const Ar
   return Run(Op::kMatmulRelu, {a, b, bias}, opts);
 }
 
-void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const {
+std::string ReplicaOf(const std::string& handle) {
+  const size_t dot = handle.find('.');
+  return dot == std::string::npos ? std::string() : handle.substr(0, dot);
+}
+
+void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
+                     const std::string& handle) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
                     (timeout.count() > 0 ? timeout : options_.default_timeout));
   if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  if (const std::string replica = ReplicaOf(handle); !replica.empty()) {
+    ctx->AddMetadata(kReplicaHeader, replica);
+  }
 }
 
 namespace {
@@ -581,7 +599,7 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
 absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
                                             std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, timeout);
+  Prepare(&ctx, timeout, handle);
   pb::DownloadRequest req;
   req.set_handle(handle);
   auto reader = kernel_stub_->Download(&ctx, req);
@@ -620,7 +638,7 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
 
 absl::StatusOr<int64_t> Client::FreeTensor(const std::string& handle) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, {});
+  Prepare(&ctx, {}, handle);
   pb::FreeTensorRequest req;
   req.set_handle(handle);
   pb::FreeTensorResponse resp;
@@ -645,7 +663,7 @@ absl::StatusOr<TensorList> Client::ListTensors() {
 
 absl::StatusOr<TensorInfo> Client::StatTensor(const std::string& handle) {
   grpc::ClientContext ctx;
-  Prepare(&ctx, {});
+  Prepare(&ctx, {}, handle);
   pb::ListTensorsRequest req;
   req.set_handle(handle);
   pb::ListTensorsResponse resp;
@@ -668,6 +686,76 @@ absl::StatusOr<HealthStatus> Client::Health(const std::string& service,
   absl::Status st = UnaryCall("/grpc.health.v1.Health/Check", request, &response, timeout);
   if (!st.ok()) return st;
   return ParseHealth(response);
+}
+
+std::unique_ptr<Router> Router::Create(const std::vector<std::string>& targets,
+                                       Client::Options options) {
+  std::unique_ptr<Router> r(new Router());
+  for (const std::string& t : targets) {
+    const size_t eq = t.find('=');
+    r->clients_.push_back(Client::Create(eq == std::string::npos ? t : t.substr(eq + 1), options));
+    if (eq != std::string::npos) r->by_replica_[t.substr(0, eq)] = r->clients_.back().get();
+  }
+  return r;
+}
+
+absl::StatusOr<Client*> Router::For(const std::string& handle) {
+  if (clients_.empty()) return absl::FailedPreconditionError("the router has no targets");
+  const std::string replica = ReplicaOf(handle);
+  if (replica.empty()) return clients_[turn_.fetch_add(1) % clients_.size()].get();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_replica_.find(replica);
+  if (it == by_replica_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no target is known for replica '", replica,
+        "' (the handle's replica is gone, or none of its handles has come through this router)"));
+  }
+  return it->second;
+}
+
+void Router::Learn(const std::string& handle, Client* client) {
+  const std::string replica = ReplicaOf(handle);
+  if (replica.empty()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  by_replica_.emplace(replica, client);
+}
+
+absl::Status Router::Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
+                          const CallOptions& opts) {
+  std::string routed;
+  for (const Arg& a : inputs) {
+    if (!a.handle().empty()) {
+      routed = a.handle();
+      break;
+    }
+  }
+  absl::StatusOr<Client*> c = For(routed);
+  if (!c.ok()) return c.status();
+  absl::Status st = (*c)->Call(op, inputs, result, opts);
+  if (st.ok()) Learn(result->handle, *c);
+  return st;
+}
+
+absl::StatusOr<TensorInfo> Router::Upload(const HostTensor& tensor, int64_t chunk_bytes,
+                                          std::chrono::milliseconds timeout) {
+  absl::StatusOr<Client*> c = For("");
+  if (!c.ok()) return c.status();
+  auto info = (*c)->Upload(tensor, chunk_bytes, timeout);
+  if (info.ok()) Learn(info->handle, *c);
+  return info;
+}
+
+absl::StatusOr<HostTensor> Router::Download(const std::string& handle,
+                                            std::chrono::milliseconds timeout) {
+  absl::StatusOr<Client*> c = For(handle);
+  if (!c.ok()) return c.status();
+  return (*c)->Download(handle, timeout);
+}
+
+absl::StatusOr<int64_t> Router::FreeTensor(const std::string& handle) {
+  absl::StatusOr<Client*> c = For(handle);
+  if (!c.ok()) return c.status();
+  return (*c)->FreeTensor(handle);
 }
 
 }  // namespace fusebox::client

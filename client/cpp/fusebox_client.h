@@ -13,9 +13,12 @@
 // A Client is thread-safe: one channel, many concurrent calls.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +59,13 @@ struct Timing {
   int stream = 0;
   double rpc_us = 0;  // client wall clock: call start -> response parsed
 };
+
+// The metadata header that names the replica holding a call's handles: a server started with
+// --replica_id mints handles "<replica>.<random>", and every call naming one sends this header
+// with <replica>, which a proxy in front of several replicas routes on (deploy/proxy).
+inline constexpr char kReplicaHeader[] = "fusebox-replica";
+// The replica a handle names; empty for a bare one.
+std::string ReplicaOf(const std::string& handle);
 
 // An op input: a tensor sent inline (implicitly, from a HostTensor, which must
 // outlive the call) or a handle to a tensor the server holds (see Upload).
@@ -192,9 +202,12 @@ class Client {
  private:
   Client(std::shared_ptr<grpc::Channel> channel, Options options);
   absl::StatusOr<OpResult> Run(Op op, std::vector<Arg> inputs, const CallOptions& opts);
-  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
+  // The deadline, the token, and for a call naming `handle` its replica's header.
+  void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
+               const std::string& handle = {}) const;
   absl::Status UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
-                         grpc::ByteBuffer* response, std::chrono::milliseconds timeout);
+                         grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
+                         const std::string& handle = {});
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
@@ -212,6 +225,38 @@ bool ParseDType(const std::string& name, DType* out);
 absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
 // Parses a grpc.health.v1 HealthCheckResponse the way Health() does (for the tests).
 absl::StatusOr<HealthStatus> ParseHealthForTest(const grpc::ByteBuffer& response);
+
+// Several replicas without a proxy: one Client per target. A call naming a handle goes to the
+// replica whose id starts the handle; other calls go to the targets in turn. A target
+// "ID=host:port" names its replica; for a plain "host:port" the id is learned from the first
+// handle it mints (Upload, or an op that keeps its output). A handle of a replica no target is
+// known for is NOT_FOUND, as for a replica that is gone. Thread-safe.
+class Router {
+ public:
+  static std::unique_ptr<Router> Create(const std::vector<std::string>& targets,
+                                        Client::Options options);
+
+  absl::Status Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
+                    const CallOptions& opts = {});
+  absl::StatusOr<TensorInfo> Upload(const HostTensor& tensor, int64_t chunk_bytes = 4 << 20,
+                                    std::chrono::milliseconds timeout = {});
+  absl::StatusOr<HostTensor> Download(const std::string& handle,
+                                      std::chrono::milliseconds timeout = {});
+  absl::StatusOr<int64_t> FreeTensor(const std::string& handle);
+
+  // The client a call naming `handle` goes to; an empty handle: the next target in turn.
+  absl::StatusOr<Client*> For(const std::string& handle);
+  size_t size() const { return clients_.size(); }
+
+ private:
+  Router() = default;
+  void Learn(const std::string& handle, Client* client);
+
+  std::vector<std::unique_ptr<Client>> clients_;
+  std::mutex mu_;
+  std::map<std::string, Client*> by_replica_;  // guarded by mu_
+  std::atomic<size_t> turn_{0};
+};
 
 // Encodes a request exactly like protobuf would (exposed for the tests).
 // inputs: the op's tensor fields in field order (input; or a, b[, bias]).

@@ -1,10 +1,12 @@
 // TensorStore: see tensor_store.h.
 #include "server/core/tensor_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -40,8 +42,11 @@ struct TensorStore::Accounts {
   std::map<std::string, Tenant> by_tenant;  // tenants holding a tensor
 };
 
-TensorStore::TensorStore(Backend* backend, StoreLimits limits)
-    : backend_(backend), limits_(limits), accounts_(std::make_shared<Accounts>()) {}
+TensorStore::TensorStore(Backend* backend, StoreLimits limits, std::string replica_id)
+    : backend_(backend),
+      limits_(limits),
+      replica_id_(std::move(replica_id)),
+      accounts_(std::make_shared<Accounts>()) {}
 
 absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
     const std::string& tenant, DType dtype, const std::vector<int64_t>& shape) {
@@ -113,7 +118,7 @@ absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Create(
 }
 
 void TensorStore::Commit(const std::shared_ptr<StoredTensor>& tensor) {
-  tensor->handle = NewHandle();
+  tensor->handle = replica_id_.empty() ? NewHandle() : absl::StrCat(replica_id_, ".", NewHandle());
   tensor->last_used_ns = SteadyNowNs();
   std::lock_guard<std::mutex> lock(mu_);
   by_handle_[tensor->handle] = tensor;
@@ -127,8 +132,22 @@ absl::Status TensorStore::NotFound(const std::string& handle) const {
                                ? handle
                                : absl::StrCat(handle.substr(0, kEcho), "... (", handle.size(),
                                               " bytes)");
-  return absl::NotFoundError(absl::StrCat("no tensor with handle '", echo,
-                                          "' (never uploaded, freed, or expired)"));
+  // A handle minted by another replica reached this one: say which, so that a client
+  // without routing, or a proxy that lost track of that replica, is told what went wrong.
+  // The text depends on the handle alone, so it tells a tenant nothing of others' tensors.
+  const size_t dot = handle.find('.');
+  if (dot != std::string::npos && dot > 0 && handle.compare(0, dot, replica_id_) != 0) {
+    const std::string owner = echo.substr(0, std::min(dot, echo.size()));
+    return absl::NotFoundError(absl::StrCat(
+        "no tensor with handle '", echo, "' here: it was made by replica '", owner, "' and ",
+        replica_id_.empty() ? std::string("this server has no --replica_id")
+                            : absl::StrCat("this is replica '", replica_id_, "'"),
+        "; calls naming it must reach that replica (send the header 'fusebox-replica: ", owner,
+        "' through a proxy that routes on it); if that replica is gone, so is the tensor"));
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "no tensor with handle '", echo,
+      "' (never uploaded, freed, expired, or lost when its replica restarted)"));
 }
 
 absl::StatusOr<std::shared_ptr<StoredTensor>> TensorStore::Get(const std::string& tenant,

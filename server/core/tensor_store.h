@@ -5,6 +5,9 @@
 // shared_ptr-owned: Free or expiry removes the handle at once, and the memory
 // returns when the last call reading it finishes. Other tenants' tensors are
 // indistinguishable from handles that never existed (same NOT_FOUND).
+// With a replica id, every handle starts "<replica id>." so that a proxy or a
+// client in front of several replicas can send the calls naming it to the one
+// replica that holds it.
 #pragma once
 
 #include <atomic>
@@ -57,7 +60,9 @@ struct StoreStats {
 
 class TensorStore {
  public:
-  TensorStore(Backend* backend, StoreLimits limits);
+  // replica_id: letters, digits, '-' and '_' only (CheckOptions sees to it); empty = bare
+  // handles.
+  TensorStore(Backend* backend, StoreLimits limits, std::string replica_id = {});
 
   // Reserves budget and quota and allocates memory for a tensor that is not
   // yet visible: Commit makes it so. Dropping it uncommitted frees everything.
@@ -77,6 +82,7 @@ class TensorStore {
 
   int64_t TenantUsedBytes(const std::string& tenant) const;
   const StoreLimits& limits() const { return limits_; }
+  const std::string& replica_id() const { return replica_id_; }
   StoreStats stats() const;  // committed tensors
 
  private:
@@ -85,6 +91,7 @@ class TensorStore {
 
   Backend* const backend_;
   const StoreLimits limits_;
+  const std::string replica_id_;
   std::shared_ptr<Accounts> accounts_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<StoredTensor>> by_handle_;

@@ -1,10 +1,11 @@
 // End to end: a real fusebox-server process (CPU backend, free port) called
 // through the C++ client. Every op and dtype against the fp64 reference on fresh
 // random inputs, health, bad inputs (INVALID_ARGUMENT, server keeps serving),
-// deadlines, concurrency, and a clean exit on SIGTERM.
+// deadlines, concurrency, a clean exit on SIGTERM, and the Router over three replicas.
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 #include <thread>
 
 #include <grpcpp/client_context.h>
@@ -481,6 +482,49 @@ TEST(ServerLifecycleTest, SigtermDrainsACallUnderWayRefusesNewOnesAndExitsZero) 
   EXPECT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.tensor().size_bytes(), 4 << 20);
   EXPECT_EQ(server.Stop(std::chrono::seconds(30)), 0);
+}
+
+
+// Three replicas without a proxy: the Router sends uploads to each in turn and every call
+// naming a handle to the replica that minted it (a handle elsewhere would be NOT_FOUND).
+TEST(RouterTest, CallsNamingAHandleReachTheReplicaHoldingIt) {
+  ServerProcess servers[3];
+  std::vector<std::string> targets;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(servers[i].Start({"--replica_id=r" + std::to_string(i)})) << servers[i].error();
+    targets.push_back(servers[i].address());
+  }
+  auto router = client::Router::Create(targets, Client::Options());
+  std::set<std::string> replicas;
+  client::CallOptions keep;
+  keep.keep_on_server = true;
+  for (int i = 0; i < 6; ++i) {
+    HostTensor x = Random(DType::kFloat32, {4, 8}, FreshSeed());
+    auto up = router->Upload(x);
+    ASSERT_TRUE(up.ok()) << up.status();
+    replicas.insert(client::ReplicaOf(up->handle));
+    client::OpResult kept, sums;
+    ASSERT_TRUE(router->Call(client::Op::kSoftmax, {client::Arg::Handle(up->handle)}, &kept, keep)
+                    .ok());
+    EXPECT_EQ(client::ReplicaOf(kept.handle), client::ReplicaOf(up->handle));
+    absl::Status st = router->Call(client::Op::kRowSum, {client::Arg::Handle(kept.handle)}, &sums);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_EQ(sums.output.data.size(), 4 * sizeof(float));
+    auto back = router->Download(up->handle);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->data, x.data);
+    EXPECT_TRUE(router->FreeTensor(kept.handle).ok());
+  }
+  EXPECT_EQ(replicas, (std::set<std::string>{"r0", "r1", "r2"}));
+  EXPECT_EQ(router->Download("r7.t0").status().code(), absl::StatusCode::kNotFound);
+
+  // A target named with its replica id routes that replica's handles before any call.
+  auto held = router->Upload(Random(DType::kFloat32, {3}, FreshSeed()));
+  ASSERT_TRUE(held.ok()) << held.status();
+  const int owner = client::ReplicaOf(held->handle).back() - '0';
+  auto named = client::Router::Create(
+      {"r" + std::to_string(owner) + "=" + servers[owner].address()}, Client::Options());
+  EXPECT_TRUE(named->Download(held->handle).ok());
 }
 
 }  // namespace

@@ -493,6 +493,26 @@ def test_every_dashboard_variable_and_panel_query_returns_data(stack):
         assert errors[(code,)] > 0, f"errors-by-code panel shows no {code}"
 
 
+def test_autoscaler_metrics_from_the_adapter_rules_return_a_value_per_server(stack):
+    """deploy/k8s/monitoring's prometheus-adapter rules, filled in as the adapter does (here
+    the scrape has no namespace or pod labels: one server stands for one pod), give the HPA
+    a finite number: queued calls, and the mean queue wait per call."""
+    import yaml
+    path = os.path.join(SOURCE_DIR, "deploy", "k8s", "monitoring", "prometheus-adapter-values.yaml")
+    with open(path) as f:
+        rules = yaml.safe_load(f)["rules"]["custom"]
+    names = set()
+    for rule in rules:
+        expr = (rule["metricsQuery"].replace("<<.Series>>", rule["seriesQuery"].split("{")[0])
+                .replace("<<.LabelMatchers>>", 'job="fusebox"').replace("<<.GroupBy>>", "instance"))
+        result = stack["prom"].query(expr)
+        assert len(result) == 1, f"{rule['name']['as']}: {expr} gave {result}"
+        value = float(result[0]["value"][1])
+        assert math.isfinite(value) and value >= 0, f"{rule['name']['as']}: {value}"
+        names.add(rule["name"]["as"])
+    assert names == {"fusebox_queued_calls", "fusebox_queue_seconds_per_call"}
+
+
 def test_dashboard_json_is_well_formed_for_import(stack):
     with open(DASHBOARD) as f:
         dash = json.load(f)

@@ -1,6 +1,7 @@
 // TensorStore: budget and quota are enforced before memory is taken and never
 // cost a stored tensor; tenants see only their own handles; freed and expired
-// handles are NOT_FOUND; a reader keeps a freed tensor's memory alive.
+// handles are NOT_FOUND; a reader keeps a freed tensor's memory alive; handles name the
+// replica that minted them.
 #include "server/core/tensor_store.h"
 
 #include <gtest/gtest.h>
@@ -222,6 +223,34 @@ TEST_F(TensorStoreTest, TensorOverPerTensorLimitIsResourceExhausted) {
   EXPECT_EQ(s.Create("x", DType::kFloat16, {51}).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(s.Create("x", DType::kFloat16, {50}).ok());
+}
+
+TEST_F(TensorStoreTest, HandlesStartWithTheReplicaIdAndOtherReplicasHandlesSayWhereTheyLive) {
+  TensorStore s(backend_.get(), Limits(1000, 1000), "fusebox-1");
+  const std::string h = Put(s, "x", 4);
+  EXPECT_EQ(h.rfind("fusebox-1.", 0), 0u) << h;
+  EXPECT_TRUE(s.Get("x", h).ok());
+
+  auto elsewhere = s.Get("x", "fusebox-0.t0123");
+  EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kNotFound);
+  const std::string msg(elsewhere.status().message());
+  EXPECT_NE(msg.find("replica 'fusebox-0'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("this is replica 'fusebox-1'"), std::string::npos) << msg;
+
+  auto freed = s.Get("x", "fusebox-1.t0123");
+  EXPECT_EQ(freed.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(std::string(freed.status().message()).find("made by replica"), std::string::npos);
+}
+
+TEST_F(TensorStoreTest, WithoutAReplicaIdHandlesAreBareAndReplicasHandlesAreNamed) {
+  TensorStore s(backend_.get(), Limits(1000, 1000));
+  EXPECT_EQ(Put(s, "x", 4).find('.'), std::string::npos);
+  auto elsewhere = s.Get("x", "fusebox-0.t0123");
+  EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kNotFound);
+  const std::string msg(elsewhere.status().message());
+  EXPECT_NE(msg.find("made by replica 'fusebox-0' and this server has no --replica_id"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace

@@ -14,14 +14,22 @@ Tensors can stay on the server: ``upload`` returns a Handle, any op accepts a
 Handle in place of an array, ``keep=True`` makes an op return a Handle to its
 output, and ``download`` / ``free`` / ``list_tensors`` do the rest.
 
+Several replicas: a handle starts with the id of the replica that holds it
+("<replica>.<random>"), and every call naming one sends the header
+``fusebox-replica: <replica>``, which a proxy (deploy/proxy) routes on. Without a
+proxy, ``Router([...targets])`` keeps one Client per replica and sends each call
+naming a handle to the replica holding it, the rest round-robin.
+
 TLS: ``Client(target, root_certificates="ca.pem")``; mTLS adds ``certificate_chain`` and
 ``private_key``. Without them (or ``tls=True``) the channel is plaintext.
 """
 
+import itertools
 import os
+import threading
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Dict, Iterable, Optional, Tuple, Union
 
 import grpc
 import numpy as np
@@ -73,6 +81,17 @@ class Timing:
 
 class Handle(str):
     """A tensor held by the server (from Client.upload or an op with keep=True)."""
+
+
+REPLICA_HEADER = "fusebox-replica"
+
+
+def replica_of(handle) -> Optional[str]:
+    """The replica a Handle names ("<replica>.<random>"); None for arrays and bare handles."""
+    if not isinstance(handle, str):
+        return None
+    replica, dot, _ = handle.partition(".")
+    return replica if dot and replica else None
 
 
 @dataclass
@@ -244,6 +263,13 @@ class Client:
     def close(self):
         self.channel.close()
 
+    def _md(self, *refs):
+        """The call's metadata: the token, and the replica of the first handle among refs."""
+        replica = next((r for r in map(replica_of, refs) if r), None)
+        if replica is None:
+            return self._metadata
+        return (self._metadata or ()) + ((REPLICA_HEADER, replica),)
+
     def __enter__(self):
         return self
 
@@ -274,18 +300,18 @@ class Client:
              return_timing=False):
         """Tanh-form GeLU of x (any shape). x: array or Handle."""
         req = pb.GeluRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.Gelu, req, timeout, bf16_output, return_timing)
+        return self._call(self.stub.Gelu, req, timeout, bf16_output, return_timing, (x,))
 
     def softmax(self, x, *, dtype=None, keep=False, timeout=None, bf16_output="float32",
                 return_timing=False):
         """Softmax over the last axis (rank >= 1). x: array or Handle."""
         req = pb.SoftmaxRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.Softmax, req, timeout, bf16_output, return_timing)
+        return self._call(self.stub.Softmax, req, timeout, bf16_output, return_timing, (x,))
 
     def rowsum(self, x, *, dtype=None, keep=False, timeout=None, return_timing=False):
         """Sum over the last axis (rank >= 1); always float32. x: array or Handle."""
         req = pb.RowSumRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.RowSum, req, timeout, "float32", return_timing)
+        return self._call(self.stub.RowSum, req, timeout, "float32", return_timing, (x,))
 
     def matmul_relu(self, a, b, bias=None, *, dtype=None, allow_tf32=False, impl=0, keep=False,
                     timeout=None, bf16_output="float32", return_timing=False):
@@ -299,7 +325,8 @@ class Client:
                                    output_options=pb.OutputOptions(keep_on_server=keep))
         if bias is not None:
             req.bias.CopyFrom(_ref(bias, want))
-        return self._call(self.stub.MatmulRelu, req, timeout, bf16_output, return_timing)
+        return self._call(self.stub.MatmulRelu, req, timeout, bf16_output, return_timing,
+                          (a, b, bias))
 
     # --- tensors held by the server --------------------------------------------------------
 
@@ -328,7 +355,7 @@ class Client:
             parts, header = [], None
             for msg in self.stub.Download(pb.DownloadRequest(handle=handle),
                                           timeout=self.timeout if timeout is None else timeout,
-                                          metadata=self._metadata):
+                                          metadata=self._md(handle)):
                 if header is None and msg.HasField("tensor"):
                     header = msg.tensor
                 parts.append(msg.data)
@@ -343,7 +370,7 @@ class Client:
         """Frees a held tensor; returns the bytes freed."""
         try:
             return self.stub.FreeTensor(pb.FreeTensorRequest(handle=handle), timeout=self.timeout,
-                                        metadata=self._metadata).freed_bytes
+                                        metadata=self._md(handle)).freed_bytes
         except grpc.RpcError as e:
             raise FuseboxError(e.code(), e.details()) from None
 
@@ -356,11 +383,11 @@ class Client:
             raise FuseboxError(e.code(), e.details()) from None
         return [_info(t) for t in r.tensors], r.used_bytes, r.quota_bytes
 
-    def _call(self, method, req, timeout, bf16_output, return_timing):
+    def _call(self, method, req, timeout, bf16_output, return_timing, refs=()):
         start = time.perf_counter()
         try:
             resp = method(req, timeout=self.timeout if timeout is None else timeout,
-                          metadata=self._metadata)
+                          metadata=self._md(*refs))
         except grpc.RpcError as e:
             raise FuseboxError(e.code(), e.details()) from None
         rpc_us = (time.perf_counter() - start) * 1e6
@@ -377,6 +404,93 @@ class Client:
                            copy_out_us=t.copy_out_us, total_us=t.total_us, backend=t.backend,
                            device=t.device, stream=t.stream, rpc_us=rpc_us,
                            launch_us=t.launch_us)
+
+
+class Router:
+    """Several replicas without a proxy: one Client per target. A call naming a handle goes to
+    the replica whose id the handle starts with; other calls (uploads, inline ops) go to the
+    targets in turn. Replica ids are learned from the handles each target mints, or given:
+    ``Router({"fusebox-0": "fusebox-0.fusebox-pods:50051", ...})``. Keyword arguments are
+    Client's (token, TLS, timeout). A handle of a replica no target is known for is NOT_FOUND,
+    as is one whose replica is gone. Thread-safe; use as a context manager."""
+
+    def __init__(self, targets: Union[Iterable[str], Dict[str, str]], **client_kwargs):
+        named = dict(targets) if isinstance(targets, dict) else {}
+        addresses = list(named.values()) if named else list(targets)
+        if not addresses:
+            raise ValueError("Router needs at least one target")
+        self.clients = [Client(t, **client_kwargs) for t in addresses]
+        self._by_replica = {r: self.clients[i] for i, r in enumerate(named)}
+        self._lock = threading.Lock()
+        self._turn = itertools.count()
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def client_for(self, *refs) -> Client:
+        """The Client a call with these arguments goes to."""
+        replica = next((r for r in map(replica_of, refs) if r), None)
+        if replica is None:
+            return self.clients[next(self._turn) % len(self.clients)]
+        with self._lock:
+            client = self._by_replica.get(replica)
+        if client is None:
+            raise FuseboxError(grpc.StatusCode.NOT_FOUND,
+                               f"no target is known for replica '{replica}' (the handle's "
+                               "replica is gone, or no call has reached it through this Router)")
+        return client
+
+    def _learn(self, client: Client, out):
+        held = out[0] if isinstance(out, tuple) else out  # (out, timing) with return_timing
+        replica = replica_of(held) if isinstance(held, Handle) else None
+        if replica:
+            with self._lock:
+                self._by_replica.setdefault(replica, client)
+        return out
+
+    def gelu(self, x, **kw):
+        c = self.client_for(x)
+        return self._learn(c, c.gelu(x, **kw))
+
+    def softmax(self, x, **kw):
+        c = self.client_for(x)
+        return self._learn(c, c.softmax(x, **kw))
+
+    def rowsum(self, x, **kw):
+        c = self.client_for(x)
+        return self._learn(c, c.rowsum(x, **kw))
+
+    def matmul_relu(self, a, b, bias=None, **kw):
+        c = self.client_for(a, b, bias)
+        return self._learn(c, c.matmul_relu(a, b, bias, **kw))
+
+    def upload(self, x, **kw) -> Handle:
+        c = self.client_for()
+        return self._learn(c, c.upload(x, **kw))
+
+    def download(self, handle, **kw) -> np.ndarray:
+        return self.client_for(handle).download(handle, **kw)
+
+    def free(self, handle) -> int:
+        return self.client_for(handle).free(handle)
+
+    def list_tensors(self):
+        """Every target's list_tensors together: (TensorInfos, used_bytes, quota_bytes), the
+        bytes summed over the targets."""
+        infos, used, quota = [], 0, 0
+        for c in self.clients:
+            i, u, q = c.list_tensors()
+            infos += i
+            used += u
+            quota += q
+        return infos, used, quota
 
 
 def _varint(n: int) -> bytes:
