@@ -1,6 +1,14 @@
-"""fusebox Python client: numpy in, numpy out. See client.py for the dtype rules."""
-from .client import (Client, FuseboxError, Handle, TensorInfo, Timing, bfloat16_bits_to_float,
-                     float_to_bfloat16_bits, from_tensor, to_tensor)
+"""fusebox Python client: numpy, torch and DLPack tensors in; numpy (or torch) out.
 
-__all__ = ["Client", "FuseboxError", "Handle", "TensorInfo", "Timing", "bfloat16_bits_to_float",
-           "float_to_bfloat16_bits", "from_tensor", "to_tensor"]
+``Client`` is synchronous, ``fusebox_client.aio.AsyncClient`` the same surface for asyncio;
+client.py's docstring has the dtype, handle and settings rules.
+"""
+from ._common import FuseboxError, Handle, MessageTooLargeError, TensorInfo, Timing
+from ._tensors import (bfloat16_bits_to_float, float_to_bfloat16_bits, from_tensor, to_tensor)
+from .client import Client
+
+__version__ = "0.1.0"
+
+__all__ = ["Client", "FuseboxError", "Handle", "MessageTooLargeError", "TensorInfo", "Timing",
+           "bfloat16_bits_to_float", "float_to_bfloat16_bits", "from_tensor", "to_tensor",
+           "__version__"]
