@@ -2,8 +2,13 @@
 // server holds) against a fusebox server, writes the .npy result and prints
 // where the time went; uploads, downloads, frees and lists held tensors;
 // `health` asks the server's grpc.health.v1 service.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -11,6 +16,7 @@
 
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/npy.h"
+#include "fusebox/version.h"
 
 namespace fc = fusebox::client;
 
@@ -28,9 +34,11 @@ usage:
   fusebox [--server HOST:PORT] free        HANDLE...
   fusebox [--server HOST:PORT] list
   fusebox [--server HOST:PORT] health
+  fusebox --version
 
 An input written @HANDLE is a tensor the server already holds (from upload or
---keep) instead of a file.
+--keep) instead of a file. An input or output written - is standard input or
+output (the text that would go to stdout then goes to stderr).
 
 ops:
   gelu         tanh-form GeLU, elementwise, any shape
@@ -61,9 +69,12 @@ options:
   --chunk_mib N       upload chunk size in MiB (default 4)
   --timeout_ms N      deadline for the call (default 60000)
   --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
-  -q, --quiet         do not print the timing
+  --progress          a progress line on stderr for uploads and downloads (default: when
+                      stderr is a terminal and the transfer takes over a second)
+  -q, --quiet         do not print the timing or progress
   -h, --help          this text
-  The on/off options --tls, --allow_tf32, --keep, --bf16_bits and --quiet also take
+  --version           the version and commit this binary was built from
+  The on/off options --tls, --allow_tf32, --keep, --bf16_bits, --progress and --quiet also take
   =true or =false (=1 / =0). An option given empty (--tls_ca=) overrides its variable.
 
 .npy conventions (NumPy has no bfloat16):
@@ -90,6 +101,41 @@ std::string ShapeString(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+// Progress of one transfer on stderr: a line rewritten in place on a terminal, a line per
+// 10% elsewhere; shown from the start when forced, else once the transfer has taken 1 s.
+class ProgressLine {
+ public:
+  ProgressLine(const char* what, bool forced, bool enabled)
+      : what_(what), forced_(forced), enabled_(enabled), tty_(isatty(2) == 1),
+        start_(std::chrono::steady_clock::now()) {}
+  ~ProgressLine() {
+    if (shown_ && tty_) std::fputc('\n', stderr);
+  }
+  void operator()(int64_t done, int64_t total) {
+    if (!enabled_ || (!forced_ && !tty_)) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - start_).count();
+    if (!forced_ && s < 1.0) return;
+    const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
+    const bool last = done >= total;
+    if (tty_ ? (!last && now - last_ < std::chrono::milliseconds(200)) : (pct / 10 == last_pct_ / 10 && !last)) return;
+    if (last && last_pct_ == 100) return;
+    last_ = now;
+    last_pct_ = pct;
+    shown_ = true;
+    std::fprintf(stderr, "%s%s: %.1f of %.1f MiB (%d%%), %.0f MiB/s%s", tty_ ? "\r" : "", what_,
+                 done / 1048576.0, total / 1048576.0, pct, s > 0 ? done / 1048576.0 / s : 0.0,
+                 tty_ ? "  " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  const char* what_;
+  bool forced_, enabled_, tty_, shown_ = false;
+  int last_pct_ = -1;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "fusebox: error: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
                std::string(st.message()).c_str());
@@ -107,7 +153,8 @@ int main(int argc, char** argv) {
   std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
               tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
   std::string output, dtype_name, impl_name = "default";
-  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false;
+  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false,
+       progress = false;
   long chunk_mib = 4;
   long timeout_ms = 60000;
   std::vector<std::string> positional;
@@ -115,6 +162,7 @@ int main(int argc, char** argv) {
                                                {"--keep", &keep},
                                                {"--allow_tf32", &allow_tf32},
                                                {"--bf16_bits", &bf16_bits},
+                                               {"--progress", &progress},
                                                {"-q", &quiet},
                                                {"--quiet", &quiet}};
 
@@ -133,6 +181,10 @@ int main(int argc, char** argv) {
     };
     if (arg == "-h" || arg == "--help") {
       std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--version") {
+      std::printf("fusebox " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT ", " FUSEBOX_BUILD_TYPE
+                  " build)\n");
       return 0;
     } else if (arg == "--server") {
       if (!need_value(&server)) return Usage("--server needs HOST:PORT");
@@ -182,6 +234,11 @@ int main(int argc, char** argv) {
   if (positional.empty()) return Usage("no op given");
   const std::string op = positional[0];
   std::vector<std::string> inputs(positional.begin() + 1, positional.end());
+  if (std::count(inputs.begin(), inputs.end(), "-") > 1) {
+    return Usage("standard input (-) can be only one of the inputs");
+  }
+  // With the result on stdout, what would be printed there goes to stderr.
+  FILE* text = output == "-" ? stderr : stdout;
 
   std::optional<fusebox::DType> want;
   if (!dtype_name.empty()) {
@@ -227,9 +284,11 @@ int main(int argc, char** argv) {
     if (inputs.size() != 1) return Usage("upload takes one .npy file");
     auto arr = fc::ReadNpy(inputs[0]);
     if (!arr.ok()) return Fail(arr.status());
-    auto t = fc::NpyToTensor(*arr, want);
+    auto t = fc::NpyToTensor(std::move(*arr), want);
     if (!t.ok()) return Fail(t.status());
-    auto info = client->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout);
+    ProgressLine line("upload", progress, !quiet);
+    auto info = client->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout,
+                               std::ref(line));
     if (!info.ok()) return Fail(info.status());
     print_info(*info);
     return 0;
@@ -237,11 +296,17 @@ int main(int argc, char** argv) {
   if (op == "download") {
     if (inputs.size() != 1) return Usage("download takes one handle");
     if (output.empty()) return Usage("no output file: pass -o OUT.npy");
-    auto t = client->Download(inputs[0], opts.timeout);
+    absl::StatusOr<fc::HostTensor> t;
+    {
+      ProgressLine line("download", progress, !quiet);
+      t = client->Download(inputs[0], opts.timeout, std::ref(line));
+    }
     if (!t.ok()) return Fail(t.status());
-    absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(*t, bf16_bits));
+    const fusebox::DType dtype = t->dtype;
+    const std::vector<int64_t> shape = t->shape;
+    absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(std::move(*t), bf16_bits));
     if (!st.ok()) return Fail(st);
-    if (!quiet) std::printf("%s %s written to %s\n", fusebox::DTypeName(t->dtype), ShapeString(t->shape).c_str(), output.c_str());
+    if (!quiet) std::fprintf(text, "%s %s written to %s\n", fusebox::DTypeName(dtype), ShapeString(shape).c_str(), output.c_str());
     return 0;
   }
   if (op == "free") {
@@ -283,7 +348,7 @@ int main(int argc, char** argv) {
     auto arr = fc::ReadNpy(inputs[i]);
     if (!arr.ok()) return Fail(arr.status());
     // Matmul operands must share one dtype: the first file's unless --dtype says.
-    auto t = fc::NpyToTensor(*arr, first_dtype);
+    auto t = fc::NpyToTensor(std::move(*arr), first_dtype);
     if (!t.ok()) {
       return Fail(absl::Status(t.status().code(), inputs[i] + ": " + std::string(t.status().message())));
     }
@@ -303,30 +368,35 @@ int main(int argc, char** argv) {
 
   if (keep) {
     // Printed even with -q: it is the result.
-    std::printf("%s\n", r.handle.c_str());
+    std::fprintf(text, "%s\n", r.handle.c_str());
     if (!output.empty()) {
-      auto t = client->Download(r.handle, opts.timeout);
+      ProgressLine line("download", progress, !quiet);
+      auto t = client->Download(r.handle, opts.timeout, std::ref(line));
       if (!t.ok()) return Fail(t.status());
       r.output = std::move(*t);
     }
   }
   if (!output.empty()) {
-    st = fc::WriteNpy(output, fc::TensorToNpy(r.output, bf16_bits));
+    const fusebox::DType dtype = r.output.dtype;
+    const std::vector<int64_t> shape = r.output.shape;
+    st = fc::WriteNpy(output, fc::TensorToNpy(std::move(r.output), bf16_bits));
+    r.output.dtype = dtype;  // the bytes are gone; the summary below needs the rest
+    r.output.shape = shape;
     if (!st.ok()) return Fail(st);
   }
   if (!quiet) {
     const fc::Timing& t = r.timing;
     if (output.empty()) {
-      std::printf("%s: %s -> kept on the server as %s\n", op.c_str(), inputs[0].c_str(), r.handle.c_str());
+      std::fprintf(text, "%s: %s -> kept on the server as %s\n", op.c_str(), inputs[0].c_str(), r.handle.c_str());
     } else {
-      std::printf("%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
+      std::fprintf(text, "%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
                   fusebox::DTypeName(r.output.dtype), ShapeString(r.output.shape).c_str(), output.c_str());
     }
-    std::printf("server timing (us): queue %.1f  copy_in %.1f  launch %.1f  kernel %.1f  copy_out %.1f"
+    std::fprintf(text, "server timing (us): queue %.1f  copy_in %.1f  launch %.1f  kernel %.1f  copy_out %.1f"
                 "  total %.1f  [%s, %s, stream %d]\n",
                 t.queue_us, t.copy_in_us, t.launch_us, t.kernel_us, t.copy_out_us, t.total_us,
                 t.backend.c_str(), t.device.c_str(), t.stream);
-    std::printf("client round trip (us): %.1f\n", t.rpc_us);
+    std::fprintf(text, "client round trip (us): %.1f\n", t.rpc_us);
   }
   return 0;
 }

@@ -276,8 +276,9 @@ def test_matmul_relu_mixes_handles_and_arrays(client):
 # --- bad input ---------------------------------------------------------------------------
 
 def raw_call(client, method, req):
+    from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
     with pytest.raises(grpc.RpcError) as e:
-        getattr(client.stub, method)(req, timeout=10)
+        getattr(pb_grpc.KernelServiceStub(client.channel), method)(req, timeout=10)
     return e.value.code()
 
 
@@ -585,8 +586,8 @@ def test_a_flood_of_idle_connections_past_the_descriptor_limit_loses_nothing():
     s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
     socks = []
     try:
-        with Client(s.address) as c:
-            h = c.upload(np.arange(1000, dtype=np.float32))
+        with Client(s.address) as c:  # kept past this client: another downloads it
+            h = c.upload(np.arange(1000, dtype=np.float32)).release()
         socks = _idle_connections(s.port, 400, timeout=0.5)
         time.sleep(1)
         assert s.proc.poll() is None, "the server exited"
@@ -913,7 +914,7 @@ def test_download_default_chunks_fit_a_stock_grpc_client(client, server):
     try:
         with grpc.insecure_channel(server.address) as ch:  # gRPC's default 4 MiB receive limit
             stub = pb_grpc.KernelServiceStub(ch)
-            parts = [m.data for m in stub.Download(pb.DownloadRequest(handle=h), timeout=30)]
+            parts = [m.data for m in stub.Download(pb.DownloadRequest(handle=h.id), timeout=30)]
         assert np.array_equal(np.frombuffer(b"".join(parts), np.float32), x)
     finally:
         client.free(h)
