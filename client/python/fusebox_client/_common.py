@@ -297,9 +297,13 @@ class Meter:
 def upload_messages(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
     """The one place an upload is cut into messages: the header with the first chunk, then one
     message per chunk, each sliced from the caller's bytes (a chunk's copy, never the tensor's).
-    Parallel or zero-copy transfers belong here."""
+    Parallel or zero-copy transfers belong here. A bad chunk size raises here, before any call."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, not {chunk_bytes}")
+    return _chunks(w, chunk_bytes, meter)
+
+
+def _chunks(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
     data = w.data()
     first = data[:chunk_bytes]
     yield pb.UploadRequest(dtype=w.dtype, shape=list(w.shape), data=first.tobytes())
