@@ -4,12 +4,13 @@
 // `health` asks the server's grpc.health.v1 service.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,60 +23,12 @@ namespace fc = fusebox::client;
 
 namespace {
 
-constexpr char kUsage[] = R"(fusebox: run fusebox kernels on .npy files through a fusebox server.
-
-usage:
-  fusebox [--server HOST:PORT] gelu        IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] softmax     IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] rowsum      IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] matmul_relu A.npy B.npy [BIAS.npy] -o OUT.npy [options]
-  fusebox [--server HOST:PORT] upload      IN.npy [--dtype D]        prints the new handle
-  fusebox [--server HOST:PORT] download    HANDLE -o OUT.npy
-  fusebox [--server HOST:PORT] free        HANDLE...
-  fusebox [--server HOST:PORT] list
-  fusebox [--server HOST:PORT] health
-  fusebox --version
-
+// Shown under every --help: what the options' help lines cannot say.
+constexpr char kFooter[] = R"(
 An input written @HANDLE is a tensor the server already holds (from upload or
 --keep) instead of a file. An input or output written - is standard input or
-output (the text that would go to stdout then goes to stderr).
-
-ops:
-  gelu         tanh-form GeLU, elementwise, any shape
-  softmax      softmax over the last axis (rank >= 1)
-  rowsum       sum over the last axis (rank >= 1); the output is always float32
-  matmul_relu  relu(A @ B + BIAS): A [M,K], B [K,N], optional BIAS [N]
-  health       prints SERVING / NOT_SERVING; exit 0 only when SERVING
-
-options:
-  --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051)
-  --token T           bearer token for a server with a token file (default: $FUSEBOX_TOKEN)
-  --tls               speak TLS, trusting the system's CA certificates (implied by
-                      any of the three below)
-  --tls_ca PATH       PEM CA certificate(s) to trust for the server's certificate
-                      (default: $FUSEBOX_TLS_CA)
-  --tls_cert PATH     mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)
-  --tls_key PATH      mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)
-  --tls_server_name N the name the server's certificate must carry, when it is not the
-                      host in --server (an address, a tunnel)
-  -o, --output PATH   where to write the result (.npy)
-  --dtype D           dtype to compute in: float32 | float16 | bfloat16
-                      (default: the input file's dtype). Inputs are converted on
-                      the client, rounding to nearest even.
-  --allow_tf32        matmul_relu, float32 only: let a GPU use TF32 tensor cores
-  --impl I            matmul_relu on a GPU: default | cublaslt | tiled
-  --keep              keep the result on the server; its handle is printed on the
-                      first line (-o is then optional: given, the result is also downloaded)
-  --chunk_mib N       upload chunk size in MiB (default 4)
-  --timeout_ms N      deadline for the call (default 60000)
-  --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
-  --progress          a progress line on stderr for uploads and downloads (default: when
-                      stderr is a terminal and the transfer takes over a second)
-  -q, --quiet         do not print the timing or progress
-  -h, --help          this text
-  --version           the version and commit this binary was built from
-  The on/off options --tls, --allow_tf32, --keep, --bf16_bits, --progress and --quiet also take
-  =true or =false (=1 / =0). An option given empty (--tls_ca=) overrides its variable.
+output (the text that would go to stdout then goes to stderr). Each subcommand
+has its own --help.
 
 .npy conventions (NumPy has no bfloat16):
   '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),
@@ -83,8 +36,12 @@ options:
   A bfloat16 result is written as '<f4' (exact) unless --bf16_bits is given.
 
 output: the result file, and on stdout the op, shapes and the server's timing
-(queue, copy in, kernel, copy out, total, in microseconds) plus the client's
-round-trip time.
+(queue, copy in, launch, kernel, copy out, total, in microseconds) plus the
+client's round-trip time.
+
+The on/off options (--tls, --allow_tf32, --keep, --bf16_bits, --progress,
+--quiet) also take =true or =false (=1 / =0). An option given empty (--tls_ca=)
+overrides its variable.
 
 exit status: 0 success; 1 the call or a file failed (the gRPC code and the
 server's message are printed); 2 bad command line.
@@ -157,89 +114,91 @@ int main(int argc, char** argv) {
        progress = false;
   long chunk_mib = 4;
   long timeout_ms = 60000;
-  std::vector<std::string> positional;
-  const std::map<std::string, bool*> on_off = {{"--tls", &tls},
-                                               {"--keep", &keep},
-                                               {"--allow_tf32", &allow_tf32},
-                                               {"--bf16_bits", &bf16_bits},
-                                               {"--progress", &progress},
-                                               {"-q", &quiet},
-                                               {"--quiet", &quiet}};
+  std::vector<std::string> inputs;
 
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    const bool has_eq = arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos;
-    if (has_eq) {
-      value = arg.substr(arg.find('=') + 1);
-      arg = arg.substr(0, arg.find('='));
-    }
-    auto need_value = [&](std::string* out) {
-      if (has_eq) { *out = value; return true; }
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (arg == "--version") {
-      std::printf("fusebox " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT ", " FUSEBOX_BUILD_TYPE
-                  " build)\n");
-      return 0;
-    } else if (arg == "--server") {
-      if (!need_value(&server)) return Usage("--server needs HOST:PORT");
-    } else if (arg == "--token") {
-      if (!need_value(&token)) return Usage("--token needs a value");
-    } else if (arg == "--tls_ca") {
-      if (!need_value(&tls_ca)) return Usage("--tls_ca needs a PEM file");
-    } else if (arg == "--tls_cert") {
-      if (!need_value(&tls_cert)) return Usage("--tls_cert needs a PEM file");
-    } else if (arg == "--tls_key") {
-      if (!need_value(&tls_key)) return Usage("--tls_key needs a PEM file");
-    } else if (arg == "--tls_server_name") {
-      if (!need_value(&tls_server_name)) return Usage("--tls_server_name needs a name");
-    } else if (arg == "-o" || arg == "--output") {
-      if (!need_value(&output)) return Usage(arg + " needs a path");
-    } else if (arg == "--dtype") {
-      if (!need_value(&dtype_name)) return Usage("--dtype needs float32, float16 or bfloat16");
-    } else if (arg == "--impl") {
-      if (!need_value(&impl_name)) return Usage("--impl needs default, cublaslt or tiled");
-    } else if (arg == "--timeout_ms") {
-      std::string v;
-      if (!need_value(&v)) return Usage("--timeout_ms needs a number");
-      char* end = nullptr;
-      timeout_ms = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || timeout_ms <= 0) return Usage("--timeout_ms needs a positive number");
-    } else if (arg == "--chunk_mib") {
-      std::string v;
-      if (!need_value(&v)) return Usage("--chunk_mib needs a number");
-      char* end = nullptr;
-      chunk_mib = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || chunk_mib <= 0 || chunk_mib > 1024) return Usage("--chunk_mib needs 1..1024");
-    } else if (auto flag = on_off.find(arg); flag != on_off.end()) {
-      // On alone or with =true / =1; off with =false / =0.
-      if (!has_eq || value == "true" || value == "1") {
-        *flag->second = true;
-      } else if (value == "false" || value == "0") {
-        *flag->second = false;
-      } else {
-        return Usage(arg + " takes no value, or =true / =false");
-      }
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      return Usage("unknown option " + arg);
-    } else {
-      positional.push_back(arg);
-    }
+  CLI::App app("fusebox: run fusebox kernels on .npy files through a fusebox server.", "fusebox");
+  app.set_version_flag("--version", "fusebox " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT ", "
+                       FUSEBOX_BUILD_TYPE " build)");
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();  // the connection options may also follow the subcommand
+  app.add_option("--server", server, "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051)");
+  app.add_option("--token", token, "bearer token for a server with a token file (default: $FUSEBOX_TOKEN)");
+  app.add_flag("--tls", tls, "speak TLS, trusting the system's CA certificates (implied by the next three)");
+  app.add_option("--tls_ca", tls_ca, "PEM CA certificate(s) to trust for the server's certificate (default: $FUSEBOX_TLS_CA)");
+  app.add_option("--tls_cert", tls_cert, "mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)");
+  app.add_option("--tls_key", tls_key, "mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)");
+  app.add_option("--tls_server_name", tls_server_name,
+                 "the name the server's certificate must carry, when it is not the host in --server");
+  app.add_option("--timeout_ms", timeout_ms, "deadline for the call")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("-q,--quiet", quiet, "do not print the timing or progress");
+  app.add_flag("--progress", progress,
+               "a progress line on stderr for uploads and downloads (default: when stderr is a "
+               "terminal and the transfer takes over a second)");
+
+  auto add_output = [&](CLI::App* sub, bool required) {
+    auto* o = sub->add_option("-o,--output", output, "where to write the result (.npy; - is stdout)");
+    if (required) o->required();
+    sub->add_flag("--bf16_bits", bf16_bits, "write a bfloat16 result as '<u2' bit patterns instead of float32");
+  };
+  auto add_dtype = [&](CLI::App* sub) {
+    sub->add_option("--dtype", dtype_name,
+                    "dtype to compute in (default: the input file's); converted on the client, "
+                    "rounding to nearest even: float32, float16 or bfloat16");
+  };
+  auto add_op = [&](const char* name, const char* what, int min_inputs, int max_inputs,
+                    const char* inputs_help) {
+    CLI::App* sub = app.add_subcommand(name, what);
+    sub->add_option("inputs", inputs, inputs_help)->required()->expected(min_inputs, max_inputs);
+    add_output(sub, false);
+    add_dtype(sub);
+    sub->add_flag("--keep", keep,
+                  "keep the result on the server; its handle is printed on the first line (-o is "
+                  "then optional: given, the result is also downloaded)");
+    return sub;
+  };
+  add_op("gelu", "tanh-form GeLU, elementwise, any shape", 1, 1, "IN.npy or @HANDLE");
+  add_op("softmax", "softmax over the last axis (rank >= 1)", 1, 1, "IN.npy or @HANDLE");
+  add_op("rowsum", "sum over the last axis (rank >= 1); the output is always float32", 1, 1,
+         "IN.npy or @HANDLE");
+  CLI::App* mm = add_op("matmul_relu", "relu(A @ B + BIAS): A [M,K], B [K,N], optional BIAS [N]",
+                        2, 3, "A B [BIAS]: .npy files or @HANDLEs");
+  mm->add_flag("--allow_tf32", allow_tf32, "float32 only: let a GPU use TF32 tensor cores");
+  mm->add_option("--impl", impl_name, "on a GPU: the matmul implementation")
+      ->check(CLI::IsMember({"default", "cublaslt", "tiled"}));
+  CLI::App* up = app.add_subcommand("upload", "store a tensor on the server; prints its handle");
+  up->add_option("inputs", inputs, "IN.npy (- is stdin)")->required()->expected(1);
+  add_dtype(up);
+  up->add_option("--chunk_mib", chunk_mib, "upload chunk size in MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  CLI::App* down = app.add_subcommand("download", "fetch a held tensor into a .npy file");
+  down->add_option("inputs", inputs, "HANDLE")->required()->expected(1);
+  add_output(down, true);
+  app.add_subcommand("free", "free held tensors")
+      ->add_option("inputs", inputs, "HANDLE...")->required()->expected(1, -1);
+  app.add_subcommand("list", "list the tensors this caller holds");
+  app.add_subcommand("health", "print SERVING / NOT_SERVING; exit 0 only when SERVING");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Usage(e.what());
   }
-  if (positional.empty()) return Usage("no op given");
-  const std::string op = positional[0];
-  std::vector<std::string> inputs(positional.begin() + 1, positional.end());
+  const std::string op = app.get_subcommands().front()->get_name();
   if (std::count(inputs.begin(), inputs.end(), "-") > 1) {
     return Usage("standard input (-) can be only one of the inputs");
   }
   // With the result on stdout, what would be printed there goes to stderr.
   FILE* text = output == "-" ? stderr : stdout;
-
   std::optional<fusebox::DType> want;
   if (!dtype_name.empty()) {
     fusebox::DType d;

@@ -204,7 +204,7 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
     return fail(data_off.status());
   }
   a.data.resize(size - *data_off);
-  constexpr size_t kStep = size_t{64} << 20;
+  constexpr size_t kStep = size_t{8} << 20;
   for (size_t done = 0; done < a.data.size();) {
     const size_t n = std::min(kStep, a.data.size() - done);
     std::memcpy(&a.data[done], bytes + *data_off + done, n);
