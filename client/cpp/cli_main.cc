@@ -182,8 +182,21 @@ int main(int argc, char** argv) {
   app.add_subcommand("list", "list the tensors this caller holds");
   app.add_subcommand("health", "print SERVING / NOT_SERVING; exit 0 only when SERVING");
 
+  // `--tls_ca=` (empty) overrides its variable; CLI11 would take the next word as its value,
+  // so it becomes `--tls_ca ""`. CLI11 takes the words last first.
+  std::vector<std::string> words;
+  for (int i = 1; i < argc; ++i) {
+    std::string w = argv[i];
+    if (w.size() > 3 && w.rfind("--", 0) == 0 && w.find('=') == w.size() - 1) {
+      words.push_back(w.substr(0, w.size() - 1));
+      words.emplace_back();
+    } else {
+      words.push_back(std::move(w));
+    }
+  }
+  std::reverse(words.begin(), words.end());
   try {
-    app.parse(argc, argv);
+    app.parse(words);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
