@@ -19,7 +19,8 @@ $FUSEBOX_TLS_CA, $FUSEBOX_TLS_CERT and $FUSEBOX_TLS_KEY. ``unix:/path`` targets 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Literal, Optional, Tuple, Union, overload
+import threading
+from typing import TYPE_CHECKING, Any, List, Literal, Optional, Set, Tuple, Union, overload
 
 import grpc
 
@@ -88,10 +89,19 @@ class Client:
             response_deserializer=pb.DownloadResponse.FromString)
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
+        self._pending: "Set[grpc.Future[Any]]" = set()
+        self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later)
 
     def close(self) -> None:
         """Frees the tensors of the handles this client still owns, then closes the channel."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        for future in pending:  # frees already on their way finish first
+            try:
+                future.result(timeout=5)
+            except Exception:
+                pass
         for h in self._freer.take_live():
             try:
                 self._unary["FreeTensor"](pb.FreeTensorRequest(handle=h.id), timeout=5,
@@ -108,9 +118,18 @@ class Client:
         self.close()
 
     def _free_later(self, handle: str) -> None:
-        """A finaliser's free: sent without waiting for the reply."""
-        self._unary["FreeTensor"].future(pb.FreeTensorRequest(handle=handle), timeout=10,
-                                         metadata=call_metadata(self._metadata, [handle]))
+        """A finaliser's free: sent without waiting for the reply. The call's future is kept
+        until it is done: gRPC cancels a call whose future is garbage collected."""
+        future = self._unary["FreeTensor"].future(
+            pb.FreeTensorRequest(handle=handle), timeout=10,
+            metadata=call_metadata(self._metadata, [handle]))
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: "grpc.Future[Any]") -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
 
     def _deadline(self, timeout: Optional[float]) -> float:
         return self.timeout if timeout is None else timeout
