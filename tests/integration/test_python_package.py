@@ -129,6 +129,20 @@ def test_an_inline_tensor_past_the_message_limit_names_upload(server: Any) -> No
             assert c.rowsum(h).shape == ()
 
 
+def test_a_request_past_the_servers_message_limit_names_upload() -> None:
+    s = Server("--max_message_bytes=1048576")
+    try:
+        with Client(s.address) as c:
+            with pytest.raises(MessageTooLargeError, match=r"upload\(\)"):
+                c.softmax(np.zeros((2, 1 << 18), np.float32))  # 2 MiB inline
+            with pytest.raises(FuseboxError) as e:  # other errors carry no such hint
+                c.softmax("no-such-handle")
+            assert "upload()" not in str(e.value)
+    finally:
+        s.stop()
+        s.kill()
+
+
 def test_progress_callback_sees_every_chunk_of_an_upload_and_a_download(client: Client) -> None:
     x = np.arange(3 << 18, dtype=np.float32)  # 3 MiB: three 1 MiB chunks
     seen: List[Tuple[int, int]] = []

@@ -51,8 +51,10 @@ def rpc_error(e: grpc.RpcError, inline_bytes: int = 0) -> FuseboxError:
     """A gRPC error as a FuseboxError; one that a large inline request explains says so."""
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = (e.details() if hasattr(e, "details") else None) or str(e)
-    if inline_bytes >= (1 << 20) and (code == grpc.StatusCode.RESOURCE_EXHAUSTED or
-                                      "serializing request" in details):
+    # gRPC's words for a message past a limit (either side's) or past protobuf's 2 GiB.
+    too_large = ("larger than max" in details or "serializing request" in details or
+                 "message" in details.lower() and "limit" in details.lower())
+    if inline_bytes >= (1 << 20) and too_large:
         return MessageTooLargeError(code, f"{details} (this call sends {inline_bytes} bytes of "
                                     "inline tensors: upload() large tensors once and pass the "
                                     "handle instead)")
