@@ -129,6 +129,15 @@ def test_an_inline_tensor_past_the_message_limit_names_upload(server: Any) -> No
             assert c.rowsum(h).shape == ()
 
 
+def test_inline_tensors_past_protobufs_2_gib_are_refused_before_sending_naming_upload() -> None:
+    from fusebox_client._common import check_inline
+    check_inline((1 << 31) - (2 << 20), -1)
+    with pytest.raises(MessageTooLargeError, match=r"upload\(\)"):
+        check_inline(1 << 31, -1)  # gRPC would say only "Exception serializing request!"
+    with pytest.raises(MessageTooLargeError):
+        check_inline(1 << 31, 4 << 30)  # a larger limit of the client's changes nothing
+
+
 def test_a_request_past_the_servers_message_limit_names_upload() -> None:
     s = Server("--max_message_bytes=1048576")
     try:
