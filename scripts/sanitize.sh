@@ -15,8 +15,10 @@
 #   * test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_goes_on
 #     (test_python_client.py skips it when FUSEBOX_SANITIZE is set): a sanitizer's operator
 #     new aborts when an allocation fails instead of throwing std::bad_alloc.
+#   * test_cli_holds_an_uploaded_npy_in_memory_about_once (skipped the same way): the peak RSS
+#     it bounds would hold the sanitizer's shadow memory and quarantine.
 #   * TSan only: the tests that call through gRPC (the in-process server's ServiceTest and
-#     friends, the integration tests, the Python client, the real Prometheus scrape, the Upload
+#     friends, the integration tests, the Python and Go clients, the real Prometheus scrape, the Upload
 #     corpus replay). Debian's gRPC is not built with TSan, and its synchronisation (absl::Mutex,
 #     lock-free atomics in its core) is invisible to it: every handoff between gRPC's threads
 #     reads as a race, in gRPC's own inlined code (grpcpp headers) and in ours alike (a reactor
@@ -33,7 +35,7 @@ cd "$(dirname "$0")/.."
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(asan tsan)
 not_ours='server_layers_include_nothing_above_their_own|bench_report_statistics|deploy_k8s_manifests_validate|metrics_alert_rules_are_valid|metrics_alert_rules_fire_as_specified|metrics_scrape_config_is_valid'
-through_grpc='python_client_integration|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|(Service|ServiceCancel|ServiceInflight|ServiceLaunch|TokenService|Integration|ServerLifecycle)Test\..*'
+through_grpc='python_client_integration|python_package_integration|go_client_example|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|(Service|ServiceCancel|ServiceInflight|ServiceLaunch|TokenService|Integration|ServerLifecycle)Test\..*'
 
 for kind in "${kinds[@]}"; do
   case "$kind" in

@@ -488,6 +488,8 @@ def test_cli_progress_line_on_upload_and_download(server, tmp_path):
     assert cli("--server", server.address, "free", h).returncode == 0
 
 
+@pytest.mark.skipif(bool(os.environ.get("FUSEBOX_SANITIZE")),
+                    reason="a sanitizer's shadow memory and quarantine are part of the RSS")
 def test_cli_holds_an_uploaded_npy_in_memory_about_once(server, tmp_path):
     n = 128 << 20
     np.save(tmp_path / "big.npy", np.ones(n // 4, np.float32))
