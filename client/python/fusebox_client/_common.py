@@ -215,6 +215,9 @@ class Handle:
     def __hash__(self) -> int:
         return hash(self.id)
 
+    def __lt__(self, other: "HandleLike") -> bool:
+        return self.id < handle_id(other)
+
 
 HandleLike = Union[Handle, str]
 

@@ -156,8 +156,8 @@ class AsyncClient:
                    output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
                    return_timing: bool = False, timeout: Optional[float] = None) -> Any:
         """Tanh-form GeLU of x, elementwise, any shape."""
-        return await self._op(unary_request("Gelu", x, dtype, keep), timeout, output, bf16_output,
-                             return_timing)
+        return await self._op(unary_request("Gelu", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
 
     @overload
     async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
@@ -187,8 +187,8 @@ class AsyncClient:
                       output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
                       return_timing: bool = False, timeout: Optional[float] = None) -> Any:
         """Softmax over the last axis (rank >= 1)."""
-        return await self._op(unary_request("Softmax", x, dtype, keep), timeout, output, bf16_output,
-                             return_timing)
+        return await self._op(unary_request("Softmax", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
 
     @overload
     async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
@@ -218,8 +218,8 @@ class AsyncClient:
                      output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
                      return_timing: bool = False, timeout: Optional[float] = None) -> Any:
         """Sum over the last axis (rank >= 1); the result is float32."""
-        return await self._op(unary_request("RowSum", x, dtype, keep), timeout, output, bf16_output,
-                             return_timing)
+        return await self._op(unary_request("RowSum", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
 
     @overload
     async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,

@@ -92,6 +92,7 @@ class Client:
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later)
+        self._stub: Any = None
 
     def close(self) -> None:
         """Frees the tensors of the handles this client still owns, then closes the channel."""
@@ -130,6 +131,21 @@ class Client:
     def _forget(self, future: "grpc.Future[Any]") -> None:
         with self._pending_lock:
             self._pending.discard(future)
+
+    @property
+    def stub(self) -> Any:
+        """The generated fusebox.v1 KernelServiceStub on this channel, for raw calls (pass
+        ``metadata=client.metadata``)."""
+        if self._stub is None:
+            from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
+            make = pb_grpc.KernelServiceStub  # generated without type annotations
+            self._stub = make(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
+        return self._stub
+
+    @property
+    def metadata(self) -> Metadata:
+        """The metadata every call carries (the token), for raw calls."""
+        return self._metadata
 
     def _deadline(self, timeout: Optional[float]) -> float:
         return self.timeout if timeout is None else timeout
