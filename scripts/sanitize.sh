@@ -15,6 +15,8 @@
 #   * test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_goes_on
 #     (test_python_client.py skips it when FUSEBOX_SANITIZE is set): a sanitizer's operator
 #     new aborts when an allocation fails instead of throwing std::bad_alloc.
+#   * test_cli_holds_an_uploaded_npy_in_memory_about_once (skipped the same way): the peak RSS
+#     it bounds would hold the sanitizer's shadow memory and quarantine.
 #   * TSan only: the tests that call through gRPC (the in-process server's ServiceTest and
 #     friends, the integration and TLS tests, the Python and Go clients, the Routers and the
 #     proxy test, the real Prometheus scrape, the metrics port under a real server, the Upload

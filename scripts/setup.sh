@@ -6,10 +6,13 @@ set -euo pipefail
 pkgs=(
   build-essential cmake pkg-config file
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libssl-dev openssl prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev libbenchmark-dev
+  libssl-dev openssl prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev libbenchmark-dev libcli11-dev
   python3 python3-pip python3-grpcio python3-h2 python3-numpy python3-protobuf python3-pytest python3-yaml
   prometheus
   haproxy  # tests/proxy: the replica-routing proxy of deploy/proxy, in front of three servers
+  golang-go golang-google-grpc-dev golang-google-protobuf-dev golang-github-golang-protobuf-1-5-dev
+  protoc-gen-go protoc-gen-go-grpc  # the Go client (client/go/build.sh), offline
+  python3-venv  # the pip-installed Python client (scripts/python_package.sh)
   clang libclang-rt-14-dev  # the fuzzers (scripts/fuzz.sh): clang 14 and its libFuzzer
 )
 missing=()

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): install packages, build, run every test.
+# The test command (README, .ci/run): install packages, build, run every test, then the
+# Python client as pip installs it (scripts/python_package.sh: a venv, packages from PyPI).
 # GPU tests skip themselves on hosts without a GPU.
 #
 # FUSEBOX_EXTRA_CHECKS=ON (CI sets it) then also runs, in order:
@@ -20,6 +21,7 @@ step() {  # step NAME COMMAND...: runs it and says how long it took
 step setup scripts/setup.sh
 step build scripts/build.sh
 step ctest ctest --test-dir "$build" --output-on-failure -j2 --timeout 600
+step python-package scripts/python_package.sh
 if [ "${FUSEBOX_EXTRA_CHECKS:-OFF}" = ON ]; then
   step soak /usr/bin/python3 tools/soak.py --build_dir "$build" \
     --duration "${FUSEBOX_SOAK_SECONDS:-150}" --out "$build/soak"

@@ -16,6 +16,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "fusebox/version.h"
 #include "server/server.h"
 
 namespace {
@@ -141,6 +142,12 @@ int main(int argc, char** argv) {
   usage.normalize_filename = [](absl::string_view f) {
     const size_t at = f.rfind("server/");
     return std::string(at == absl::string_view::npos ? f : f.substr(at));
+  };
+  // absl's own --version text says "Debug build" whenever absl itself was built without
+  // NDEBUG, whatever this binary is: name the version, commit and build type of this build.
+  usage.version_string = [] {
+    return std::string("fusebox-server " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT ", "
+                       FUSEBOX_BUILD_TYPE " build)\n");
   };
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(

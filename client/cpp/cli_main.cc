@@ -2,9 +2,15 @@
 // server holds) against a fusebox server, writes the .npy result and prints
 // where the time went; uploads, downloads, frees and lists held tensors;
 // `health` asks the server's grpc.health.v1 service.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,62 +18,18 @@
 #include "absl/strings/str_split.h"
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/npy.h"
+#include "fusebox/version.h"
 
 namespace fc = fusebox::client;
 
 namespace {
 
-constexpr char kUsage[] = R"(fusebox: run fusebox kernels on .npy files through a fusebox server.
-
-usage:
-  fusebox [--server HOST:PORT] gelu        IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] softmax     IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] rowsum      IN.npy            -o OUT.npy [options]
-  fusebox [--server HOST:PORT] matmul_relu A.npy B.npy [BIAS.npy] -o OUT.npy [options]
-  fusebox [--server HOST:PORT] upload      IN.npy [--dtype D]        prints the new handle
-  fusebox [--server HOST:PORT] download    HANDLE -o OUT.npy
-  fusebox [--server HOST:PORT] free        HANDLE...
-  fusebox [--server HOST:PORT] list
-  fusebox [--server HOST:PORT] health
-
+// Shown under every --help: what the options' help lines cannot say.
+constexpr char kFooter[] = R"(
 An input written @HANDLE is a tensor the server already holds (from upload or
---keep) instead of a file.
-
-ops:
-  gelu         tanh-form GeLU, elementwise, any shape
-  softmax      softmax over the last axis (rank >= 1)
-  rowsum       sum over the last axis (rank >= 1); the output is always float32
-  matmul_relu  relu(A @ B + BIAS): A [M,K], B [K,N], optional BIAS [N]
-  health       prints SERVING / NOT_SERVING; exit 0 only when SERVING
-
-options:
-  --server HOST:PORT  server address (default: $FUSEBOX_SERVER, else localhost:50051);
-                      several replicas without a proxy: ID=HOST:PORT,ID=HOST:PORT (calls
-                      naming a handle go to the replica ID it starts with)
-  --token T           bearer token for a server with a token file (default: $FUSEBOX_TOKEN)
-  --tls               speak TLS, trusting the system's CA certificates (implied by
-                      any of the three below)
-  --tls_ca PATH       PEM CA certificate(s) to trust for the server's certificate
-                      (default: $FUSEBOX_TLS_CA)
-  --tls_cert PATH     mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)
-  --tls_key PATH      mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)
-  --tls_server_name N the name the server's certificate must carry, when it is not the
-                      host in --server (an address, a tunnel)
-  -o, --output PATH   where to write the result (.npy)
-  --dtype D           dtype to compute in: float32 | float16 | bfloat16
-                      (default: the input file's dtype). Inputs are converted on
-                      the client, rounding to nearest even.
-  --allow_tf32        matmul_relu, float32 only: let a GPU use TF32 tensor cores
-  --impl I            matmul_relu on a GPU: default | cublaslt | tiled
-  --keep              keep the result on the server; its handle is printed on the
-                      first line (-o is then optional: given, the result is also downloaded)
-  --chunk_mib N       upload chunk size in MiB (default 4)
-  --timeout_ms N      deadline for the call (default 60000)
-  --bf16_bits         write a bfloat16 result as '<u2' bit patterns instead of float32
-  -q, --quiet         do not print the timing
-  -h, --help          this text
-  The on/off options --tls, --allow_tf32, --keep, --bf16_bits and --quiet also take
-  =true or =false (=1 / =0). An option given empty (--tls_ca=) overrides its variable.
+--keep) instead of a file. An input or output written - is standard input or
+output (the text that would go to stdout then goes to stderr). Each subcommand
+has its own --help.
 
 .npy conventions (NumPy has no bfloat16):
   '<f4' float32, '<f2' float16, '<u2' bfloat16 bit patterns (upper half of a float32),
@@ -75,8 +37,12 @@ options:
   A bfloat16 result is written as '<f4' (exact) unless --bf16_bits is given.
 
 output: the result file, and on stdout the op, shapes and the server's timing
-(queue, copy in, kernel, copy out, total, in microseconds) plus the client's
-round-trip time.
+(queue, copy in, launch, kernel, copy out, total, in microseconds) plus the
+client's round-trip time.
+
+The on/off options (--tls, --allow_tf32, --keep, --bf16_bits, --progress,
+--quiet) also take =true or =false (=1 / =0). An option given empty (--tls_ca=)
+overrides its variable.
 
 exit status: 0 success; 1 the call or a file failed (the gRPC code and the
 server's message are printed); 2 bad command line.
@@ -92,6 +58,41 @@ std::string ShapeString(const std::vector<int64_t>& s) {
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
 }
+
+// Progress of one transfer on stderr: a line rewritten in place on a terminal, a line per
+// 10% elsewhere; shown from the start when forced, else once the transfer has taken 1 s.
+class ProgressLine {
+ public:
+  ProgressLine(const char* what, bool forced, bool enabled)
+      : what_(what), forced_(forced), enabled_(enabled), tty_(isatty(2) == 1),
+        start_(std::chrono::steady_clock::now()) {}
+  ~ProgressLine() {
+    if (shown_ && tty_) std::fputc('\n', stderr);
+  }
+  void operator()(int64_t done, int64_t total) {
+    if (!enabled_ || (!forced_ && !tty_)) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - start_).count();
+    if (!forced_ && s < 1.0) return;
+    const int pct = total > 0 ? static_cast<int>(100 * done / total) : 100;
+    const bool last = done >= total;
+    if (tty_ ? (!last && now - last_ < std::chrono::milliseconds(200)) : (pct / 10 == last_pct_ / 10 && !last)) return;
+    if (last && last_pct_ == 100) return;
+    last_ = now;
+    last_pct_ = pct;
+    shown_ = true;
+    std::fprintf(stderr, "%s%s: %.1f of %.1f MiB (%d%%), %.0f MiB/s%s", tty_ ? "\r" : "", what_,
+                 done / 1048576.0, total / 1048576.0, pct, s > 0 ? done / 1048576.0 / s : 0.0,
+                 tty_ ? "  " : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  const char* what_;
+  bool forced_, enabled_, tty_, shown_ = false;
+  int last_pct_ = -1;
+  std::chrono::steady_clock::time_point start_, last_;
+};
 
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "fusebox: error: %s: %s\n", absl::StatusCodeToString(st.code()).c_str(),
@@ -110,82 +111,111 @@ int main(int argc, char** argv) {
   std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
               tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
   std::string output, dtype_name, impl_name = "default";
-  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false;
+  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false,
+       progress = false;
   long chunk_mib = 4;
   long timeout_ms = 60000;
-  std::vector<std::string> positional;
-  const std::map<std::string, bool*> on_off = {{"--tls", &tls},
-                                               {"--keep", &keep},
-                                               {"--allow_tf32", &allow_tf32},
-                                               {"--bf16_bits", &bf16_bits},
-                                               {"-q", &quiet},
-                                               {"--quiet", &quiet}};
+  std::vector<std::string> inputs;
 
+  CLI::App app("fusebox: run fusebox kernels on .npy files through a fusebox server.", "fusebox");
+  app.set_version_flag("--version", "fusebox " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT ", "
+                       FUSEBOX_BUILD_TYPE " build)");
+  app.footer(kFooter);
+  app.require_subcommand(1);
+  app.fallthrough();  // the connection options may also follow the subcommand
+  app.add_option("--server", server,
+                 "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051); several "
+                 "replicas without a proxy: ID=HOST:PORT,ID=HOST:PORT (calls naming a handle go "
+                 "to the replica ID it starts with)");
+  app.add_option("--token", token, "bearer token for a server with a token file (default: $FUSEBOX_TOKEN)");
+  app.add_flag("--tls", tls, "speak TLS, trusting the system's CA certificates (implied by the next three)");
+  app.add_option("--tls_ca", tls_ca, "PEM CA certificate(s) to trust for the server's certificate (default: $FUSEBOX_TLS_CA)");
+  app.add_option("--tls_cert", tls_cert, "mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)");
+  app.add_option("--tls_key", tls_key, "mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)");
+  app.add_option("--tls_server_name", tls_server_name,
+                 "the name the server's certificate must carry, when it is not the host in --server");
+  app.add_option("--timeout_ms", timeout_ms, "deadline for the call")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_flag("-q,--quiet", quiet, "do not print the timing or progress");
+  app.add_flag("--progress", progress,
+               "a progress line on stderr for uploads and downloads (default: when stderr is a "
+               "terminal and the transfer takes over a second)");
+
+  auto add_output = [&](CLI::App* sub, bool required) {
+    auto* o = sub->add_option("-o,--output", output, "where to write the result (.npy; - is stdout)");
+    if (required) o->required();
+    sub->add_flag("--bf16_bits", bf16_bits, "write a bfloat16 result as '<u2' bit patterns instead of float32");
+  };
+  auto add_dtype = [&](CLI::App* sub) {
+    sub->add_option("--dtype", dtype_name,
+                    "dtype to compute in (default: the input file's); converted on the client, "
+                    "rounding to nearest even: float32, float16 or bfloat16");
+  };
+  auto add_op = [&](const char* name, const char* what, int min_inputs, int max_inputs,
+                    const char* inputs_help) {
+    CLI::App* sub = app.add_subcommand(name, what);
+    sub->add_option("inputs", inputs, inputs_help)->required()->expected(min_inputs, max_inputs);
+    add_output(sub, false);
+    add_dtype(sub);
+    sub->add_flag("--keep", keep,
+                  "keep the result on the server; its handle is printed on the first line (-o is "
+                  "then optional: given, the result is also downloaded)");
+    return sub;
+  };
+  add_op("gelu", "tanh-form GeLU, elementwise, any shape", 1, 1, "IN.npy or @HANDLE");
+  add_op("softmax", "softmax over the last axis (rank >= 1)", 1, 1, "IN.npy or @HANDLE");
+  add_op("rowsum", "sum over the last axis (rank >= 1); the output is always float32", 1, 1,
+         "IN.npy or @HANDLE");
+  CLI::App* mm = add_op("matmul_relu", "relu(A @ B + BIAS): A [M,K], B [K,N], optional BIAS [N]",
+                        2, 3, "A B [BIAS]: .npy files or @HANDLEs");
+  mm->add_flag("--allow_tf32", allow_tf32, "float32 only: let a GPU use TF32 tensor cores");
+  mm->add_option("--impl", impl_name, "on a GPU: the matmul implementation")
+      ->check(CLI::IsMember({"default", "cublaslt", "tiled"}));
+  CLI::App* up = app.add_subcommand("upload", "store a tensor on the server; prints its handle");
+  up->add_option("inputs", inputs, "IN.npy (- is stdin)")->required()->expected(1);
+  add_dtype(up);
+  up->add_option("--chunk_mib", chunk_mib, "upload chunk size in MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  CLI::App* down = app.add_subcommand("download", "fetch a held tensor into a .npy file");
+  down->add_option("inputs", inputs, "HANDLE")->required()->expected(1);
+  add_output(down, true);
+  app.add_subcommand("free", "free held tensors")
+      ->add_option("inputs", inputs, "HANDLE...")->required()->expected(1, -1);
+  app.add_subcommand("list", "list the tensors this caller holds");
+  app.add_subcommand("health", "print SERVING / NOT_SERVING; exit 0 only when SERVING");
+
+  // `--tls_ca=` (empty) overrides its variable; CLI11 would take the next word as its value,
+  // so it becomes `--tls_ca ""`. CLI11 takes the words last first.
+  std::vector<std::string> words;
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    const bool has_eq = arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos;
-    if (has_eq) {
-      value = arg.substr(arg.find('=') + 1);
-      arg = arg.substr(0, arg.find('='));
-    }
-    auto need_value = [&](std::string* out) {
-      if (has_eq) { *out = value; return true; }
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (arg == "--server") {
-      if (!need_value(&server)) return Usage("--server needs HOST:PORT");
-    } else if (arg == "--token") {
-      if (!need_value(&token)) return Usage("--token needs a value");
-    } else if (arg == "--tls_ca") {
-      if (!need_value(&tls_ca)) return Usage("--tls_ca needs a PEM file");
-    } else if (arg == "--tls_cert") {
-      if (!need_value(&tls_cert)) return Usage("--tls_cert needs a PEM file");
-    } else if (arg == "--tls_key") {
-      if (!need_value(&tls_key)) return Usage("--tls_key needs a PEM file");
-    } else if (arg == "--tls_server_name") {
-      if (!need_value(&tls_server_name)) return Usage("--tls_server_name needs a name");
-    } else if (arg == "-o" || arg == "--output") {
-      if (!need_value(&output)) return Usage(arg + " needs a path");
-    } else if (arg == "--dtype") {
-      if (!need_value(&dtype_name)) return Usage("--dtype needs float32, float16 or bfloat16");
-    } else if (arg == "--impl") {
-      if (!need_value(&impl_name)) return Usage("--impl needs default, cublaslt or tiled");
-    } else if (arg == "--timeout_ms") {
-      std::string v;
-      if (!need_value(&v)) return Usage("--timeout_ms needs a number");
-      char* end = nullptr;
-      timeout_ms = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || timeout_ms <= 0) return Usage("--timeout_ms needs a positive number");
-    } else if (arg == "--chunk_mib") {
-      std::string v;
-      if (!need_value(&v)) return Usage("--chunk_mib needs a number");
-      char* end = nullptr;
-      chunk_mib = std::strtol(v.c_str(), &end, 10);
-      if (v.empty() || *end || chunk_mib <= 0 || chunk_mib > 1024) return Usage("--chunk_mib needs 1..1024");
-    } else if (auto flag = on_off.find(arg); flag != on_off.end()) {
-      // On alone or with =true / =1; off with =false / =0.
-      if (!has_eq || value == "true" || value == "1") {
-        *flag->second = true;
-      } else if (value == "false" || value == "0") {
-        *flag->second = false;
-      } else {
-        return Usage(arg + " takes no value, or =true / =false");
-      }
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      return Usage("unknown option " + arg);
+    std::string w = argv[i];
+    if (w.size() > 3 && w.rfind("--", 0) == 0 && w.find('=') == w.size() - 1) {
+      words.push_back(w.substr(0, w.size() - 1));
+      words.emplace_back();
     } else {
-      positional.push_back(arg);
+      words.push_back(std::move(w));
     }
   }
-  if (positional.empty()) return Usage("no op given");
-  const std::string op = positional[0];
-  std::vector<std::string> inputs(positional.begin() + 1, positional.end());
-
+  std::reverse(words.begin(), words.end());
+  try {
+    app.parse(words);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Usage(e.what());
+  }
+  const std::string op = app.get_subcommands().front()->get_name();
+  if (std::count(inputs.begin(), inputs.end(), "-") > 1) {
+    return Usage("standard input (-) can be only one of the inputs");
+  }
+  // With the result on stdout, what would be printed there goes to stderr.
+  FILE* text = output == "-" ? stderr : stdout;
   std::optional<fusebox::DType> want;
   if (!dtype_name.empty()) {
     fusebox::DType d;
@@ -249,11 +279,13 @@ int main(int argc, char** argv) {
     if (inputs.size() != 1) return Usage("upload takes one .npy file");
     auto arr = fc::ReadNpy(inputs[0]);
     if (!arr.ok()) return Fail(arr.status());
-    auto t = fc::NpyToTensor(*arr, want);
+    auto t = fc::NpyToTensor(std::move(*arr), want);
     if (!t.ok()) return Fail(t.status());
     auto c = pick("");
     if (!c.ok()) return Fail(c.status());
-    auto info = (*c)->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout);
+    ProgressLine line("upload", progress, !quiet);
+    auto info = (*c)->Upload(*t, static_cast<int64_t>(chunk_mib) << 20, opts.timeout,
+                             std::ref(line));
     if (!info.ok()) return Fail(info.status());
     print_info(*info);
     return 0;
@@ -263,11 +295,17 @@ int main(int argc, char** argv) {
     if (output.empty()) return Usage("no output file: pass -o OUT.npy");
     auto c = pick(inputs[0]);
     if (!c.ok()) return Fail(c.status());
-    auto t = (*c)->Download(inputs[0], opts.timeout);
+    absl::StatusOr<fc::HostTensor> t;
+    {
+      ProgressLine line("download", progress, !quiet);
+      t = (*c)->Download(inputs[0], opts.timeout, std::ref(line));
+    }
     if (!t.ok()) return Fail(t.status());
-    absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(*t, bf16_bits));
+    const fusebox::DType dtype = t->dtype;
+    const std::vector<int64_t> shape = t->shape;
+    absl::Status st = fc::WriteNpy(output, fc::TensorToNpy(std::move(*t), bf16_bits));
     if (!st.ok()) return Fail(st);
-    if (!quiet) std::printf("%s %s written to %s\n", fusebox::DTypeName(t->dtype), ShapeString(t->shape).c_str(), output.c_str());
+    if (!quiet) std::fprintf(text, "%s %s written to %s\n", fusebox::DTypeName(dtype), ShapeString(shape).c_str(), output.c_str());
     return 0;
   }
   if (op == "free") {
@@ -311,7 +349,7 @@ int main(int argc, char** argv) {
     auto arr = fc::ReadNpy(inputs[i]);
     if (!arr.ok()) return Fail(arr.status());
     // Matmul operands must share one dtype: the first file's unless --dtype says.
-    auto t = fc::NpyToTensor(*arr, first_dtype);
+    auto t = fc::NpyToTensor(std::move(*arr), first_dtype);
     if (!t.ok()) {
       return Fail(absl::Status(t.status().code(), inputs[i] + ": " + std::string(t.status().message())));
     }
@@ -337,30 +375,35 @@ int main(int argc, char** argv) {
 
   if (keep) {
     // Printed even with -q: it is the result.
-    std::printf("%s\n", r.handle.c_str());
+    std::fprintf(text, "%s\n", r.handle.c_str());
     if (!output.empty()) {
-      auto t = (*c)->Download(r.handle, opts.timeout);
+      ProgressLine line("download", progress, !quiet);
+      auto t = (*c)->Download(r.handle, opts.timeout, std::ref(line));
       if (!t.ok()) return Fail(t.status());
       r.output = std::move(*t);
     }
   }
   if (!output.empty()) {
-    st = fc::WriteNpy(output, fc::TensorToNpy(r.output, bf16_bits));
+    const fusebox::DType dtype = r.output.dtype;
+    const std::vector<int64_t> shape = r.output.shape;
+    st = fc::WriteNpy(output, fc::TensorToNpy(std::move(r.output), bf16_bits));
+    r.output.dtype = dtype;  // the bytes are gone; the summary below needs the rest
+    r.output.shape = shape;
     if (!st.ok()) return Fail(st);
   }
   if (!quiet) {
     const fc::Timing& t = r.timing;
     if (output.empty()) {
-      std::printf("%s: %s -> kept on the server as %s\n", op.c_str(), inputs[0].c_str(), r.handle.c_str());
+      std::fprintf(text, "%s: %s -> kept on the server as %s\n", op.c_str(), inputs[0].c_str(), r.handle.c_str());
     } else {
-      std::printf("%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
+      std::fprintf(text, "%s: %s -> %s %s written to %s\n", op.c_str(), inputs[0].c_str(),
                   fusebox::DTypeName(r.output.dtype), ShapeString(r.output.shape).c_str(), output.c_str());
     }
-    std::printf("server timing (us): queue %.1f  copy_in %.1f  launch %.1f  kernel %.1f  copy_out %.1f"
+    std::fprintf(text, "server timing (us): queue %.1f  copy_in %.1f  launch %.1f  kernel %.1f  copy_out %.1f"
                 "  total %.1f  [%s, %s, stream %d]\n",
                 t.queue_us, t.copy_in_us, t.launch_us, t.kernel_us, t.copy_out_us, t.total_us,
                 t.backend.c_str(), t.device.c_str(), t.stream);
-    std::printf("client round trip (us): %.1f\n", t.rpc_us);
+    std::fprintf(text, "client round trip (us): %.1f\n", t.rpc_us);
   }
   return 0;
 }

@@ -572,7 +572,8 @@ TensorInfo FromProto(const pb::TensorInfo& p) {
 }  // namespace
 
 absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chunk_bytes,
-                                          std::chrono::milliseconds timeout) {
+                                          std::chrono::milliseconds timeout,
+                                          const TransferProgress& progress) {
   if (chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout);
@@ -587,6 +588,7 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
     msg.set_data(tensor.data.data() + sent, n);
     sent += n;
     if (!writer->Write(msg)) break;  // the server ended the call; Finish says why
+    if (progress) progress(static_cast<int64_t>(sent), static_cast<int64_t>(tensor.data.size()));
     msg.clear_dtype();
     msg.clear_shape();
   } while (sent < tensor.data.size());
@@ -597,7 +599,8 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
 }
 
 absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
-                                            std::chrono::milliseconds timeout) {
+                                            std::chrono::milliseconds timeout,
+                                            const TransferProgress& progress) {
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout, handle);
   pb::DownloadRequest req;
@@ -624,6 +627,7 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
       }
     }
     out.data += msg.data();
+    if (progress) progress(static_cast<int64_t>(out.data.size()), size_bytes);
   }
   absl::Status st = FromGrpc(reader->Finish());
   if (!st.ok()) return st;

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -119,6 +120,9 @@ struct CallOptions {
   bool keep_on_server = false;
 };
 
+// Called during an Upload or Download with the bytes moved so far and the tensor's size.
+using TransferProgress = std::function<void(int64_t done, int64_t total)>;
+
 enum class HealthStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 
 // TLS to the server, on when `enabled` is set or anything below is given. PEM texts, not
@@ -184,10 +188,13 @@ class Client {
 
   // Tensors held by the server (on the GPU with the CUDA backend), usable as
   // Arg::Handle(info.handle) in any op. Upload streams chunks of chunk_bytes.
+  // progress, when set, is called after every chunk with the bytes moved so far and in all.
   absl::StatusOr<TensorInfo> Upload(const HostTensor& tensor, int64_t chunk_bytes = 4 << 20,
-                                    std::chrono::milliseconds timeout = {});
+                                    std::chrono::milliseconds timeout = {},
+                                    const TransferProgress& progress = {});
   absl::StatusOr<HostTensor> Download(const std::string& handle,
-                                      std::chrono::milliseconds timeout = {});
+                                      std::chrono::milliseconds timeout = {},
+                                      const TransferProgress& progress = {});
   absl::StatusOr<int64_t> FreeTensor(const std::string& handle);  // bytes freed
   absl::StatusOr<TensorList> ListTensors();
   absl::StatusOr<TensorInfo> StatTensor(const std::string& handle);

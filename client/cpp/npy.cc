@@ -1,11 +1,20 @@
 // .npy reading/writing and the .npy <-> HostTensor conventions (see npy.h).
 #include "client/cpp/npy.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
+
+#include "absl/strings/string_view.h"
 
 namespace fusebox::client {
 namespace {
@@ -34,10 +43,11 @@ size_t SkipSpace(const std::string& h, size_t p) {
   return p;
 }
 
-}  // namespace
 
-absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
-  if (f.size() < 10 || f.compare(0, 6, kMagic, 6) != 0) {
+// Parses the header of the .npy file whose bytes are f, filling *a but for its data; returns
+// the offset of the data, which it has checked to be exactly what the shape and dtype need.
+absl::StatusOr<size_t> ParseNpyHeader(absl::string_view f, NpyArray* out) {
+  if (f.size() < 10 || f.compare(0, 6, absl::string_view(kMagic, 6)) != 0) {
     return absl::InvalidArgumentError("not a .npy file (bad magic)");
   }
   const int major = static_cast<unsigned char>(f[6]);
@@ -54,8 +64,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
                                       " is not supported (1, 2 and 3 are)");
   }
   if (f.size() < offset + header_len) return absl::InvalidArgumentError(".npy file truncated in its header");
-  const std::string h = f.substr(offset, header_len);
-  NpyArray a;
+  const std::string h(f.substr(offset, header_len));
+  NpyArray& a = *out;
 
   auto p = FindKey(h, "descr");
   if (!p) return absl::InvalidArgumentError(".npy header has no 'descr'");
@@ -115,11 +125,20 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
     return absl::InvalidArgumentError(".npy data is " + std::to_string(f.size() - data_off) +
                                       " bytes; shape and dtype need " + std::to_string(need));
   }
-  a.data = f.substr(data_off);
+  return data_off;
+}
+
+}  // namespace
+
+absl::StatusOr<NpyArray> ParseNpy(const std::string& f) {
+  NpyArray a;
+  auto data_off = ParseNpyHeader(f, &a);
+  if (!data_off.ok()) return data_off.status();
+  a.data = f.substr(*data_off);
   return a;
 }
 
-std::string SerializeNpy(const NpyArray& a) {
+std::string NpyHeader(const NpyArray& a) {
   std::string dict = "{'descr': '" + a.descr + "', 'fortran_order': False, 'shape': (";
   for (size_t i = 0; i < a.shape.size(); ++i) {
     dict += std::to_string(a.shape[i]);
@@ -139,28 +158,92 @@ std::string SerializeNpy(const NpyArray& a) {
   const size_t hl = dict.size();
   for (size_t i = 0; i < (v2 ? 4u : 2u); ++i) out.push_back(static_cast<char>((hl >> (8 * i)) & 0xff));
   out += dict;
-  out += a.data;
   return out;
 }
 
+std::string SerializeNpy(const NpyArray& a) { return NpyHeader(a) + a.data; }
+
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot open " + path + ": " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  auto a = ParseNpy(buf.str());
-  if (!a.ok()) return absl::Status(a.status().code(), path + ": " + std::string(a.status().message()));
+  const bool std_in = path == "-";
+  const std::string name = std_in ? "standard input" : path;
+  auto fail = [&](const absl::Status& st) {
+    return absl::Status(st.code(), name + ": " + std::string(st.message()));
+  };
+  const int fd = std_in ? 0 : open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError("cannot open " + path + ": " + std::strerror(errno));
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_size == 0) {
+    // A pipe (or anything without a size): read it whole, as NumPy would.
+    std::string bytes;
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0) bytes.append(buf, static_cast<size_t>(n));
+    }
+    const int read_errno = errno;
+    if (!std_in) close(fd);
+    if (n < 0) return fail(absl::DataLossError(std::string("read: ") + std::strerror(read_errno)));
+    auto a = ParseNpy(bytes);
+    if (!a.ok()) return fail(a.status());
+    return a;
+  }
+  // A file: mapped, its header parsed in place and its data copied once into the array, the
+  // mapping's pages dropped behind the copy, so memory holds the data once (as NumPy's does)
+  // rather than the file, a stream buffer and the array.
+  const size_t size = static_cast<size_t>(info.st_size);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  if (!std_in) close(fd);
+  if (map == MAP_FAILED) return fail(absl::InternalError(std::string("mmap: ") + std::strerror(map_errno)));
+  madvise(map, size, MADV_SEQUENTIAL);
+  const char* bytes = static_cast<const char*>(map);
+  NpyArray a;
+  auto data_off = ParseNpyHeader(absl::string_view(bytes, size), &a);
+  if (!data_off.ok()) {
+    munmap(map, size);
+    return fail(data_off.status());
+  }
+  a.data.resize(size - *data_off);
+  constexpr size_t kStep = size_t{8} << 20;
+  for (size_t done = 0; done < a.data.size();) {
+    const size_t n = std::min(kStep, a.data.size() - done);
+    std::memcpy(&a.data[done], bytes + *data_off + done, n);
+    done += n;
+    // Whole pages behind the copy only: the page the next copy starts in stays mapped.
+    const size_t end_page = (*data_off + done) / 4096 * 4096;
+    madvise(map, end_page, MADV_DONTNEED);
+  }
+  munmap(map, size);
   return a;
 }
 
 absl::Status WriteNpy(const std::string& path, const NpyArray& array) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError("cannot write " + path + ": " + std::strerror(errno));
-  const std::string bytes = SerializeNpy(array);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) return absl::InternalError("error writing " + path);
+  const bool std_out = path == "-";
+  const std::string name = std_out ? "standard output" : path;
+  FILE* out = std_out ? stdout : std::fopen(path.c_str(), "wb");
+  if (out == nullptr) return absl::PermissionDeniedError("cannot write " + path + ": " + std::strerror(errno));
+  // The header, then the data from where it is: no copy of the whole file in memory.
+  const std::string header = NpyHeader(array);
+  bool ok = std::fwrite(header.data(), 1, header.size(), out) == header.size() &&
+            std::fwrite(array.data.data(), 1, array.data.size(), out) == array.data.size();
+  ok = (std_out ? std::fflush(out) : std::fclose(out)) == 0 && ok;
+  if (!ok) return absl::InternalError("error writing " + name + ": " + std::strerror(errno));
   return absl::OkStatus();
+}
+
+absl::StatusOr<HostTensor> NpyToTensor(NpyArray&& a, std::optional<DType> want) {
+  // The same file as the same dtype: the bytes move instead of being copied.
+  if ((a.descr == "<f4" && want.value_or(DType::kFloat32) == DType::kFloat32) ||
+      (a.descr == "<f2" && want.value_or(DType::kFloat16) == DType::kFloat16) ||
+      (a.descr == "<u2" && want.value_or(DType::kBFloat16) == DType::kBFloat16)) {
+    HostTensor t;
+    t.dtype = a.descr == "<f4" ? DType::kFloat32
+              : a.descr == "<f2" ? DType::kFloat16 : DType::kBFloat16;
+    t.shape = std::move(a.shape);
+    t.data = std::move(a.data);
+    return t;
+  }
+  return NpyToTensor(static_cast<const NpyArray&>(a), want);
 }
 
 absl::StatusOr<HostTensor> NpyToTensor(const NpyArray& a, std::optional<DType> want) {
@@ -196,6 +279,15 @@ absl::StatusOr<HostTensor> NpyToTensor(const NpyArray& a, std::optional<DType> w
     StoreFromFloat(to, t.data.data(), i, v);
   }
   return t;
+}
+
+NpyArray TensorToNpy(HostTensor&& t, bool bf16_bits) {
+  if (t.dtype == DType::kBFloat16 && !bf16_bits) return TensorToNpy(static_cast<const HostTensor&>(t));
+  NpyArray a;
+  a.descr = t.dtype == DType::kFloat32 ? "<f4" : t.dtype == DType::kFloat16 ? "<f2" : "<u2";
+  a.shape = std::move(t.shape);
+  a.data = std::move(t.data);
+  return a;
 }
 
 NpyArray TensorToNpy(const HostTensor& t, bool bf16_bits) {

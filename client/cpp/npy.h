@@ -28,13 +28,20 @@ struct NpyArray {
 };
 
 absl::StatusOr<NpyArray> ParseNpy(const std::string& file_bytes);
-std::string SerializeNpy(const NpyArray& array);  // v1.0 header, or v2.0 when the header is huge
+// The header alone: v1.0, or v2.0 when the header is huge; the data follows it.
+std::string NpyHeader(const NpyArray& array);
+std::string SerializeNpy(const NpyArray& array);  // NpyHeader + data
+// path "-" is standard input / output. A regular file is read through mmap, its data copied
+// once into the array; a pipe is read whole.
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 absl::Status WriteNpy(const std::string& path, const NpyArray& array);
 
-// File -> tensor. want: the dtype to send (nullopt: the file's own dtype).
+// File -> tensor. want: the dtype to send (nullopt: the file's own dtype). From an rvalue,
+// a file that needs no conversion gives its bytes up instead of copying them.
 absl::StatusOr<HostTensor> NpyToTensor(const NpyArray& array, std::optional<DType> want);
+absl::StatusOr<HostTensor> NpyToTensor(NpyArray&& array, std::optional<DType> want);
 // Tensor -> file. bf16_bits: write bfloat16 as '<u2' bit patterns instead of '<f4'.
 NpyArray TensorToNpy(const HostTensor& tensor, bool bf16_bits = false);
+NpyArray TensorToNpy(HostTensor&& tensor, bool bf16_bits = false);
 
 }  // namespace fusebox::client

@@ -1,8 +1,10 @@
-#!/usr/bin/python3
-"""Example: call every fusebox op from Python and check one result with numpy.
+#!/usr/bin/env python3
+"""Example: call every fusebox op from Python and check results with numpy.
 
 Run with a server up:  build/server/fusebox-server --address=127.0.0.1:50051 &
-                       PYTHONPATH=build/python /usr/bin/python3 client/python/example.py
+                       pip install ./client/python && python3 client/python/example.py
+(or, from a C++ build: PYTHONPATH=build/python /usr/bin/python3 client/python/example.py).
+The server is the first argument, else $FUSEBOX_SERVER, else localhost:50051.
 """
 import sys
 
@@ -10,12 +12,12 @@ import numpy as np
 
 from fusebox_client import Client
 
-target = sys.argv[1] if len(sys.argv) > 1 else "localhost:50051"
+target = sys.argv[1] if len(sys.argv) > 1 else None
 rng = np.random.default_rng(0)
 
 with Client(target) as c:
     if not c.wait_for_ready(5):
-        sys.exit(f"no fusebox server at {target}")
+        sys.exit(f"no fusebox server at {c.target}")
     print("health:", c.health())
 
     x = rng.standard_normal((4, 1000), dtype=np.float32)
@@ -34,9 +36,7 @@ with Client(target) as c:
     print("matmul_relu bf16 vs fp32 numpy, max|err|:",
           np.abs(out - np.maximum(a @ b + bias, 0)).max())
 
-    # Tensors can stay on the server between calls (on the GPU with the CUDA backend).
-    h = c.upload(x)                       # a Handle
-    g = c.gelu(h, keep=True)              # output kept too: another Handle
-    print("softmax(gelu(x)) from handles, row sums:", c.softmax(g).sum(-1))
-    for handle in (h, g):
-        c.free(handle)
+    # Tensors can stay on the server between calls (on the GPU with the CUDA backend); each
+    # handle frees its tensor when its block ends, even if the code inside raises.
+    with c.upload(x) as h, c.gelu(h, keep=True) as g:
+        print("softmax(gelu(x)) from handles, row sums:", c.softmax(g).sum(-1))

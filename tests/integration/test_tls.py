@@ -232,6 +232,32 @@ def test_mtls_and_a_token_file(pki, start, tmp_path):
         assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_python_clients_take_server_token_and_mtls_files_from_the_environment(
+        pki, start, tmp_path, monkeypatch):
+    import asyncio
+    from fusebox_client.aio import AsyncClient
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-a alice\n")
+    s = start(*tls_flags(pki["server1"], client_ca=pki["ca1"]), f"--token_file={tokens}")
+    for name, value in [("FUSEBOX_SERVER", s.address), ("FUSEBOX_TOKEN", "secret-a"),
+                        ("FUSEBOX_TLS_CA", str(pki["ca1"].cert)),
+                        ("FUSEBOX_TLS_CERT", str(pki["client1"].cert)),
+                        ("FUSEBOX_TLS_KEY", str(pki["client1"].key))]:
+        monkeypatch.setenv(name, value)
+    with Client() as c:
+        gelu_ok(c)
+
+    async def health():
+        async with AsyncClient() as c:
+            return await c.health()
+    assert asyncio.run(health()) == "SERVING"
+    monkeypatch.setenv("FUSEBOX_TOKEN", "wrong")
+    with Client() as c:
+        with pytest.raises(FuseboxError) as e:
+            gelu_ok(c)
+        assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
 # --- reloading --------------------------------------------------------------------------------
 
 def swap_in(live: Path, files: dict):

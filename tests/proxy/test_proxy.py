@@ -269,7 +269,8 @@ def _stop_one_replica_under_load(cluster):
         while set(held) != set(REPLICAS):  # one long-lived tensor on each replica
             x = np.arange(16, dtype=np.float32)
             h = c.upload(x)
-            held.setdefault(replica_of(h), h)
+            if replica_of(h) not in held:
+                held[replica_of(h)] = h.release()  # outlives this client (the others are freed)
 
     stop = threading.Event()
     codes = Counter()      # failures, by (where: the replica or "upload", code)
@@ -354,9 +355,10 @@ def test_router_sends_handles_to_their_replica_without_a_proxy(tmp_path):
     try:
         with Router([s.address for s in servers], token="tok-alice", timeout=30) as r:
             rng = np.random.default_rng(7)
-            made = [_chain(r, rng) for _ in range(9)]
+            # Released: the ids outlive the Router, for the CLI below.
+            made = [[h.release() for h in _chain(r, rng)] for _ in range(9)]
             assert {replica_of(hs[0]) for hs in made} == set(REPLICAS)
-            listed = {t.handle for t in r.list_tensors()[0]}
+            listed = {t.handle.id for t in r.list_tensors()[0]}
             assert listed == {h for hs in made for h in hs}
             with pytest.raises(FuseboxError) as e:
                 r.gelu(Handle("fusebox-9.t0000"))

@@ -1,8 +1,15 @@
-"""fusebox Python client: numpy in, numpy out. See client.py for the dtype rules."""
-from .client import (REPLICA_HEADER, Client, FuseboxError, Handle, Router, TensorInfo, Timing,
-                     bfloat16_bits_to_float, float_to_bfloat16_bits, from_tensor, replica_of,
-                     to_tensor)
+"""fusebox Python client: numpy, torch and DLPack tensors in; numpy (or torch) out.
 
-__all__ = ["REPLICA_HEADER", "Client", "FuseboxError", "Handle", "Router", "TensorInfo", "Timing",
-           "bfloat16_bits_to_float", "float_to_bfloat16_bits", "from_tensor", "replica_of",
-           "to_tensor"]
+``Client`` is synchronous, ``fusebox_client.aio.AsyncClient`` the same surface for asyncio;
+client.py's docstring has the dtype, handle and settings rules.
+"""
+from ._common import (REPLICA_HEADER, FuseboxError, Handle, MessageTooLargeError, TensorInfo,
+                      Timing, replica_of)
+from ._tensors import (bfloat16_bits_to_float, float_to_bfloat16_bits, from_tensor, to_tensor)
+from .client import Client, Router
+
+__version__ = "0.1.0"
+
+__all__ = ["REPLICA_HEADER", "Client", "FuseboxError", "Handle", "MessageTooLargeError", "Router",
+           "TensorInfo", "Timing", "bfloat16_bits_to_float", "float_to_bfloat16_bits",
+           "from_tensor", "replica_of", "to_tensor", "__version__"]

@@ -1,280 +1,162 @@
-"""fusebox Python client: numpy arrays in, numpy arrays out, over gRPC.
+"""fusebox's synchronous Python client: numpy arrays, torch tensors or anything with
+``__dlpack__`` in; numpy arrays (or torch tensors with ``output="torch"``) out, over gRPC.
+``fusebox_client.aio.AsyncClient`` is the same surface for asyncio.
 
-dtypes: float32 and float16 arrays map directly to FLOAT32 / FLOAT16. NumPy has
-no bfloat16, so it is explicit:
-  * pass ``dtype="bfloat16"``: float arrays are rounded to bfloat16 on the client
-    (round to nearest even); a uint16 array is taken as raw bfloat16 bit patterns;
-  * a bfloat16 result comes back as float32 (exact widening) by default, or as
-    uint16 bit patterns with ``bf16_output="bits"``;
-  * arrays whose dtype is named "bfloat16" (ml_dtypes, if you use it) are sent as
-    bfloat16 without a dtype argument.
-float64 input with no dtype is narrowed to float32.
+dtypes: float32 and float16 map directly to FLOAT32 / FLOAT16; bfloat16 comes from torch
+tensors, ml_dtypes arrays, or ``dtype="bfloat16"`` (float input rounded on the client, to
+nearest even; uint16 taken as raw bit patterns). A bfloat16 result comes back as float32
+(exact widening), uint16 bits (``bf16_output="bits"``), ml_dtypes' bfloat16
+(``bf16_output="bfloat16"``), or torch.bfloat16 with ``output="torch"``. float64 input
+with no dtype is narrowed to float32.
 
-Tensors can stay on the server: ``upload`` returns a Handle, any op accepts a
-Handle in place of an array, ``keep=True`` makes an op return a Handle to its
-output, and ``download`` / ``free`` / ``list_tensors`` do the rest.
+Tensors can stay on the server: ``upload`` returns a Handle, any op accepts a Handle (or its id
+as a string) in place of an array, and ``keep=True`` makes an op return a Handle to its output.
+Handles this client creates free their tensors when they leave a ``with`` block, are garbage
+collected, or their client closes (``Handle.release()`` keeps one).
+
+Settings not given come from $FUSEBOX_SERVER (else localhost:50051), $FUSEBOX_TOKEN,
+$FUSEBOX_TLS_CA, $FUSEBOX_TLS_CERT and $FUSEBOX_TLS_KEY. ``unix:/path`` targets work.
 
 Several replicas: a handle starts with the id of the replica that holds it
-("<replica>.<random>"), and every call naming one sends the header
-``fusebox-replica: <replica>``, which a proxy (deploy/proxy) routes on. Without a
-proxy, ``Router([...targets])`` keeps one Client per replica and sends each call
-naming a handle to the replica holding it, the rest round-robin.
-
-TLS: ``Client(target, root_certificates="ca.pem")``; mTLS adds ``certificate_chain`` and
-``private_key``. Without them (or ``tls=True``) the channel is plaintext.
+("<replica>.<random>"), and every call naming one sends the header ``fusebox-replica:
+<replica>``, which a proxy (deploy/proxy) routes on. Without a proxy, ``Router([...targets])``
+keeps one Client per replica and sends each call naming a handle to the replica holding it, the
+rest in turn.
 """
+from __future__ import annotations
 
 import itertools
-import os
 import threading
-import time
-from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Set, Tuple,
+                    Union, overload)
 
 import grpc
-import numpy as np
 
-try:
-    from fusebox.v1 import kernel_service_pb2 as pb
-    from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "fusebox_client needs the generated fusebox.v1 modules: build the CMake target "
-        "fusebox_proto_python (or fusebox_client_python) and put <build>/python on PYTHONPATH"
-    ) from e
+from fusebox.v1 import kernel_service_pb2 as pb
 
-_DTYPES = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
-_ALIASES = {"f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16",
-            "half": "float16", "bf16": "bfloat16"}
+from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, DownloadAssembly,
+                      Freer, FuseboxError, Handle, HandleLike, Meter, Metadata, Pem, Progress,
+                      Request, TensorInfo, Timing, call_metadata, replica_of, channel_options, check_inline,
+                      credentials, handle_id, health_request, health_status, identity,
+                      matmul_request, now, op_result, rpc_error, settings, tensor_info,
+                      unary_request, upload_messages)
+from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
 
+if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
-class FuseboxError(RuntimeError):
-    """A failed call: ``code`` is the grpc.StatusCode, ``details`` the server's message."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-@dataclass
-class Timing:
-    """Where a call's time went (microseconds), as fusebox.v1.Timing says.
-
-    In time order: queue, copy_in, launch, kernel, copy_out; total_us is the
-    whole call on the server. launch_us is copy-in end -> kernel start on the
-    GPU (launch work, an idle stream waking up); 0 on the CPU backend. It comes
-    last, with a default, so positional construction keeps working. rpc_us is
-    the client's round trip.
-    """
-    queue_us: float
-    copy_in_us: float
-    kernel_us: float
-    copy_out_us: float
-    total_us: float
-    backend: str
-    device: str
-    stream: int
-    rpc_us: float
-    launch_us: float = 0.0
-
-
-class Handle(str):
-    """A tensor held by the server (from Client.upload or an op with keep=True)."""
-
-
-REPLICA_HEADER = "fusebox-replica"
-
-
-def replica_of(handle) -> Optional[str]:
-    """The replica a Handle names ("<replica>.<random>"); None for arrays and bare handles."""
-    if not isinstance(handle, str):
-        return None
-    replica, dot, _ = handle.partition(".")
-    return replica if dot and replica else None
-
-
-@dataclass
-class TensorInfo:
-    handle: Handle
-    dtype: str
-    shape: tuple
-    size_bytes: int
-    created_unix_ms: int
-    last_used_unix_ms: int
-
-
-def _info(t) -> TensorInfo:
-    return TensorInfo(Handle(t.handle), pb.DType.Name(t.dtype).lower(), tuple(t.shape), t.size_bytes,
-                      t.created_unix_ms, t.last_used_unix_ms)
-
-
-def _float32_rounded_to_odd(x) -> np.ndarray:
-    """float64 -> float32 with round-to-odd (an inexact result gets its last bit set), so that
-    narrowing again to bfloat16 rounds as one direct rounding to nearest even would."""
-    d = np.ascontiguousarray(x, dtype=np.float64)
-    with np.errstate(over="ignore"):
-        f = d.astype(np.float32)
-    back = f.astype(np.float64)
-    inexact = (back != d) & ~np.isnan(d)
-    away = np.abs(back) > np.abs(d)  # rounded away from zero: step back toward it
-    u = f.view(np.uint32).copy()
-    u[inexact] = (u[inexact] - away[inexact].astype(np.uint32)) | np.uint32(1)
-    return u.view(np.float32)
-
-
-def float_to_bfloat16_bits(x) -> np.ndarray:
-    """Rounds float values to bfloat16 (nearest even, NaN stays NaN); returns uint16 bits.
-    float64 input is rounded once, not through float32's rounding first."""
-    x = np.asarray(x)
-    if x.dtype == np.float64:
-        f = _float32_rounded_to_odd(x)
-    else:
-        f = np.ascontiguousarray(x, dtype=np.float32)
-    u = f.view(np.uint32)
-    bits = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-    bits = bits.astype(np.uint16)
-    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    bits[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
-    return bits
-
-
-def bfloat16_bits_to_float(bits) -> np.ndarray:
-    """Widens uint16 bfloat16 bit patterns to float32 (exact)."""
-    b = np.ascontiguousarray(bits, dtype=np.uint16)
-    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def _dtype_name(dtype) -> Optional[str]:
-    if dtype is None:
-        return None
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    name = _ALIASES.get(name, name)
-    if name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r}: use float32, float16 or bfloat16")
-    return name
-
-
-def to_tensor(x, dtype=None) -> "pb.Tensor":
-    """numpy array (+ optional target dtype) -> fusebox.v1.Tensor (see module doc)."""
-    arr = np.asarray(x)
-    if arr.dtype.byteorder == ">":  # big-endian floats: the same values, little-endian
-        arr = arr.astype(arr.dtype.newbyteorder("<"))
-    want = _dtype_name(dtype)
-    if want is None:
-        if arr.dtype == np.float32:
-            want = "float32"
-        elif arr.dtype == np.float16:
-            want = "float16"
-        elif arr.dtype.name == "bfloat16":
-            want = "bfloat16"
-        elif arr.dtype == np.float64:
-            want = "float32"
-        elif arr.dtype == np.uint16:
-            raise TypeError("uint16 input: pass dtype='bfloat16' to send it as bfloat16 bit patterns")
-        else:
-            raise TypeError(f"unsupported array dtype {arr.dtype}: use float32, float16 or bfloat16")
-    if want == "bfloat16":
-        if arr.dtype == np.uint16 or arr.dtype.name == "bfloat16":
-            data = np.ascontiguousarray(arr).view(np.uint16)
-        else:
-            data = float_to_bfloat16_bits(arr)
-    else:
-        data = np.ascontiguousarray(arr, dtype=np.dtype(want).newbyteorder("<"))
-    return pb.Tensor(dtype=_DTYPES[want], shape=list(arr.shape), data=data.tobytes())
-
-
-def _ref(x, dtype) -> "pb.TensorRef":
-    if isinstance(x, Handle):
-        return pb.TensorRef(handle=x)
-    return pb.TensorRef(tensor=to_tensor(x, dtype))
-
-
-def from_tensor(t: "pb.Tensor", bf16_output: str = "float32") -> np.ndarray:
-    """fusebox.v1.Tensor -> numpy array; bfloat16 as float32 or as uint16 bits."""
-    shape = tuple(t.shape)
-    if t.dtype == pb.FLOAT32:
-        return np.frombuffer(t.data, dtype="<f4").reshape(shape).copy()
-    if t.dtype == pb.FLOAT16:
-        return np.frombuffer(t.data, dtype="<f2").reshape(shape).copy()
-    if t.dtype == pb.BFLOAT16:
-        bits = np.frombuffer(t.data, dtype="<u2").reshape(shape)
-        if bf16_output == "bits":
-            return bits.copy()
-        if bf16_output != "float32":
-            raise ValueError("bf16_output must be 'float32' or 'bits'")
-        return bfloat16_bits_to_float(bits).reshape(shape)
-    raise FuseboxError(grpc.StatusCode.INTERNAL, f"server returned unknown dtype {t.dtype}")
-
-
-_HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
-
-_Pem = Union[bytes, str, "os.PathLike[str]"]
-
-
-def _read_pem(pem: Optional[_Pem]) -> Optional[bytes]:
-    """bytes as they are (PEM text), a str or path-like as the file it names."""
-    if pem is None or isinstance(pem, bytes):
-        return pem
-    with open(pem, "rb") as f:
-        return f.read()
+TensorLike = Any
+"""An input: a numpy array (or anything np.asarray takes), a torch tensor, an object with
+``__dlpack__``, or a Handle / handle id string naming a tensor the server holds."""
 
 
 class Client:
     """A connection to one fusebox server. Thread-safe; use as a context manager."""
 
-    def __init__(self, target: str, timeout: float = 60.0, max_message_bytes: int = -1,
-                 token: Optional[str] = None, *, tls: bool = False,
-                 root_certificates: Optional[_Pem] = None,
-                 certificate_chain: Optional[_Pem] = None,
-                 private_key: Optional[_Pem] = None,
-                 server_name: Optional[str] = None):
-        """target "host:port"; timeout: default deadline in seconds; token: bearer token
-        for a server started with a token file.
+    def __init__(self, target: Optional[str] = None, timeout: float = 60.0,
+                 max_message_bytes: int = -1, token: Optional[str] = None, *, tls: bool = False,
+                 root_certificates: Optional[Pem] = None, certificate_chain: Optional[Pem] = None,
+                 private_key: Optional[Pem] = None, server_name: Optional[str] = None,
+                 progress: Progress = None) -> None:
+        """target: "host:port", "unix:/path" (default $FUSEBOX_SERVER, else localhost:50051);
+        timeout: each call's deadline in seconds; max_message_bytes: this side's limit on one
+        message (-1: none but protobuf's 2 GiB); token: bearer token for a server started with
+        a token file (default $FUSEBOX_TOKEN).
 
-        TLS, off unless ``tls=True`` or a PEM below is given. Each PEM is bytes (its contents)
-        or a str / path-like (a file to read): root_certificates, the CA(s) to trust for the
-        server's certificate (None: gRPC's default roots); certificate_chain and private_key,
-        the client's certificate and key for mTLS, both or neither. server_name: the name the
-        server's certificate must carry when it is not target's host."""
-        self.target = target
+        TLS is off unless ``tls=True`` or a PEM below is given (or $FUSEBOX_TLS_CA,
+        $FUSEBOX_TLS_CERT, $FUSEBOX_TLS_KEY). Each PEM is bytes (its contents) or a str /
+        path-like (a file to read): root_certificates, the CA(s) that sign the server's
+        certificate (None: gRPC's default roots); certificate_chain and private_key, the
+        client's certificate and key for mTLS, both or neither. server_name: the name the
+        server's certificate carries when it is not the target's host.
+
+        progress: for uploads and downloads, None shows a tqdm bar on stderr (when tqdm is
+        installed) once a transfer has taken a second; False shows none; a callable is called
+        with (bytes done, bytes in all) after every chunk. Each transfer can override it."""
+        s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
+                     server_name)
+        self.target = s.target
         self.timeout = timeout
-        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
-        options = [
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.enable_retries", 0),
-        ]
-        roots, chain, key = (_read_pem(p) for p in (root_certificates, certificate_chain,
-                                                    private_key))
-        if (chain is None) != (key is None):
-            raise ValueError("certificate_chain and private_key come together (mTLS), or neither")
-        if tls or roots is not None or chain is not None or server_name:
-            if server_name:
-                options.append(("grpc.ssl_target_name_override", server_name))
-            credentials = grpc.ssl_channel_credentials(
-                root_certificates=roots, private_key=key, certificate_chain=chain)
-            self.channel = grpc.secure_channel(target, credentials, options=options)
+        self.progress = progress
+        self._max_message_bytes = max_message_bytes
+        self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
+        options = channel_options(max_message_bytes, server_name)
+        if s.tls:
+            self.channel = grpc.secure_channel(s.target, credentials(s), options=options)
         else:
-            self.channel = grpc.insecure_channel(target, options=options)
-        self.stub = pb_grpc.KernelServiceStub(self.channel)
-        self._health = self.channel.unary_unary("/grpc.health.v1.Health/Check")
+            self.channel = grpc.insecure_channel(s.target, options=options)
+        self._unary = {name: self.channel.unary_unary(SERVICE + name,
+                                                      request_serializer=req.SerializeToString,
+                                                      response_deserializer=resp.FromString)
+                       for name, (req, resp) in REQUESTS.items()}
+        self._upload = self.channel.stream_unary(
+            SERVICE + "Upload", request_serializer=pb.UploadRequest.SerializeToString,
+            response_deserializer=pb.UploadResponse.FromString)
+        self._download = self.channel.unary_stream(
+            SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
+            response_deserializer=pb.DownloadResponse.FromString)
+        self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
+                                                response_deserializer=identity)
+        self._pending: "Set[grpc.Future[Any]]" = set()
+        self._pending_lock = threading.Lock()
+        self._freer = Freer(self._free_later)
+        self._stub: Any = None
 
-    def close(self):
+    def close(self) -> None:
+        """Frees the tensors of the handles this client still owns, then closes the channel."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        for future in pending:  # frees already on their way finish first
+            try:
+                future.result(timeout=5)
+            except Exception:
+                pass
+        for h in self._freer.take_live():
+            try:
+                self._unary["FreeTensor"](pb.FreeTensorRequest(handle=h.id), timeout=5,
+                                          metadata=call_metadata(self._metadata, [h.id]))
+            except grpc.RpcError:
+                pass
+        self._freer.closed = True
         self.channel.close()
 
-    def _md(self, *refs):
-        """The call's metadata: the token, and the replica of the first handle among refs."""
-        replica = next((r for r in map(replica_of, refs) if r), None)
-        if replica is None:
-            return self._metadata
-        return (self._metadata or ()) + ((REPLICA_HEADER, replica),)
-
-    def __enter__(self):
+    def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _free_later(self, handle: str) -> None:
+        """A finaliser's free: sent without waiting for the reply. The call's future is kept
+        until it is done: gRPC cancels a call whose future is garbage collected."""
+        future = self._unary["FreeTensor"].future(
+            pb.FreeTensorRequest(handle=handle), timeout=10,
+            metadata=call_metadata(self._metadata, [handle]))
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: "grpc.Future[Any]") -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+
+    @property
+    def stub(self) -> Any:
+        """The generated fusebox.v1 KernelServiceStub on this channel, for raw calls (pass
+        ``metadata=client.metadata``)."""
+        if self._stub is None:
+            from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
+            make = pb_grpc.KernelServiceStub  # generated without type annotations
+            self._stub = make(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
+        return self._stub
+
+    @property
+    def metadata(self) -> Metadata:
+        """The metadata every call carries (the token), for raw calls."""
+        return self._metadata
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
 
     def wait_for_ready(self, timeout: float = 10.0) -> bool:
         """True when the channel connects within timeout seconds."""
@@ -286,124 +168,233 @@ class Client:
 
     def health(self, service: str = "", timeout: float = 5.0) -> str:
         """grpc.health.v1 Check: 'SERVING', 'NOT_SERVING', 'SERVICE_UNKNOWN' or 'UNKNOWN'."""
-        svc = service.encode()
-        req = (b"\x0a" + _varint(len(svc)) + svc) if svc else b""
         try:
-            resp = self._health(req, timeout=timeout, metadata=self._metadata)
+            resp: bytes = self._health(health_request(service), timeout=timeout,
+                                       metadata=call_metadata(self._metadata, []))
         except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
-        return _HEALTH.get(_read_field1_varint(resp), "UNKNOWN")
+            raise rpc_error(e) from None
+        return health_status(resp)
 
     # --- ops -------------------------------------------------------------------------------
 
-    def gelu(self, x, *, dtype=None, keep=False, timeout=None, bf16_output="float32",
-             return_timing=False):
-        """Tanh-form GeLU of x (any shape). x: array or Handle."""
-        req = pb.GeluRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.Gelu, req, timeout, bf16_output, return_timing, (x,))
+    @overload
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+             output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+             return_timing: Literal[False] = False, timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+             output: Literal["torch"], bf16_output: Bf16Output = "float32",
+             return_timing: Literal[False] = False,
+             timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+             output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+             return_timing: Literal[False] = False, timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+             output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+             return_timing: Literal[True],
+             timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+             output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+             return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+             output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+             return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Tanh-form GeLU of x, elementwise, any shape."""
+        return self._op(unary_request("Gelu", x, dtype, keep), timeout, output, bf16_output,
+                       return_timing)
 
-    def softmax(self, x, *, dtype=None, keep=False, timeout=None, bf16_output="float32",
-                return_timing=False):
-        """Softmax over the last axis (rank >= 1). x: array or Handle."""
-        req = pb.SoftmaxRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.Softmax, req, timeout, bf16_output, return_timing, (x,))
+    @overload
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                return_timing: Literal[False] = False,
+                timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                output: Literal["torch"], bf16_output: Bf16Output = "float32",
+                return_timing: Literal[False] = False,
+                timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+                output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                return_timing: Literal[False] = False,
+                timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                return_timing: Literal[True],
+                timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Softmax over the last axis (rank >= 1)."""
+        return self._op(unary_request("Softmax", x, dtype, keep), timeout, output, bf16_output,
+                       return_timing)
 
-    def rowsum(self, x, *, dtype=None, keep=False, timeout=None, return_timing=False):
-        """Sum over the last axis (rank >= 1); always float32. x: array or Handle."""
-        req = pb.RowSumRequest(input=_ref(x, dtype), output_options=pb.OutputOptions(keep_on_server=keep))
-        return self._call(self.stub.RowSum, req, timeout, "float32", return_timing, (x,))
+    @overload
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+               output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+               return_timing: Literal[False] = False,
+               timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+               output: Literal["torch"], bf16_output: Bf16Output = "float32",
+               return_timing: Literal[False] = False,
+               timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+               output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+               return_timing: Literal[False] = False,
+               timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+               output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+               return_timing: Literal[True],
+               timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+               output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+               return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+               output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+               return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Sum over the last axis (rank >= 1); the result is float32."""
+        return self._op(unary_request("RowSum", x, dtype, keep), timeout, output, bf16_output,
+                       return_timing)
 
-    def matmul_relu(self, a, b, bias=None, *, dtype=None, allow_tf32=False, impl=0, keep=False,
-                    timeout=None, bf16_output="float32", return_timing=False):
-        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None (arrays or Handles).
-        dtype defaults to a's (when a is an array)."""
-        ra = _ref(a, dtype)
-        want = dtype
-        if want is None and ra.HasField("tensor"):
-            want = pb.DType.Name(ra.tensor.dtype).lower()
-        req = pb.MatmulReluRequest(a=ra, b=_ref(b, want), allow_tf32=allow_tf32, impl=impl,
-                                   output_options=pb.OutputOptions(keep_on_server=keep))
-        if bias is not None:
-            req.bias.CopyFrom(_ref(bias, want))
-        return self._call(self.stub.MatmulRelu, req, timeout, bf16_output, return_timing,
-                          (a, b, bias))
+    @overload
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: Literal[False] = False, output: Literal["numpy"] = "numpy",
+                    bf16_output: Bf16Output = "float32", return_timing: Literal[False] = False,
+                    timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: Literal[False] = False, output: Literal["torch"],
+                    bf16_output: Bf16Output = "float32", return_timing: Literal[False] = False,
+                    timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: Literal[True], output: OutputKind = "numpy",
+                    bf16_output: Bf16Output = "float32", return_timing: Literal[False] = False,
+                    timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: Literal[False] = False, output: Literal["numpy"] = "numpy",
+                    bf16_output: Bf16Output = "float32", return_timing: Literal[True],
+                    timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: bool = False, output: OutputKind = "numpy",
+                    bf16_output: Bf16Output = "float32", return_timing: bool = False,
+                    timeout: Optional[float] = None) -> Any: ...
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                    dtype: DTypeArg = None, allow_tf32: bool = False, impl: Union[int, str] = 0,
+                    keep: bool = False, output: OutputKind = "numpy",
+                    bf16_output: Bf16Output = "float32", return_timing: bool = False,
+                    timeout: Optional[float] = None) -> Any:
+        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None (inputs or handles), one
+        dtype for all: a's unless ``dtype`` says. ``impl``: "default", "cublaslt" or "tiled" (the
+        GPU's; the CPU ignores it); ``allow_tf32`` lets float32 use TF32 tensor cores on the GPU."""
+        return self._op(matmul_request(a, b, bias, dtype, allow_tf32, impl, keep), timeout,
+                       output, bf16_output, return_timing)
+
+
+    def _op(self, req: Request, timeout: Optional[float], output: OutputKind,
+            bf16_output: Bf16Output, return_timing: bool) -> Any:
+        check_inline(req.inline_bytes, self._max_message_bytes)
+        start = now()
+        try:
+            resp = self._unary[req.method](req.message, timeout=self._deadline(timeout),
+                                           metadata=call_metadata(self._metadata, req.handles))
+        except grpc.RpcError as e:
+            raise rpc_error(e, req.inline_bytes) from None
+        return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
+                         return_timing)
 
     # --- tensors held by the server --------------------------------------------------------
 
-    def upload(self, x, *, dtype=None, chunk_bytes=4 << 20, timeout=None) -> Handle:
-        """Streams x to the server in chunks; returns its Handle."""
-        if chunk_bytes <= 0:
-            raise ValueError(f"chunk_bytes must be > 0, not {chunk_bytes}")
-        t = to_tensor(x, dtype)
-        data = memoryview(t.data)
-
-        def chunks():
-            yield pb.UploadRequest(dtype=t.dtype, shape=t.shape, data=bytes(data[:chunk_bytes]))
-            for off in range(chunk_bytes, len(data), chunk_bytes):
-                yield pb.UploadRequest(data=bytes(data[off:off + chunk_bytes]))
-
+    def upload(self, x: TensorLike, *, dtype: DTypeArg = None,
+               chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: Optional[float] = None,
+               progress: Progress = None) -> Handle:
+        """Streams x to the server in chunks; returns a Handle that owns the tensor."""
+        w = to_wire(x, dtype)
+        meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
         try:
-            resp = self.stub.Upload(chunks(), timeout=self.timeout if timeout is None else timeout,
-                                    metadata=self._metadata)
+            resp = self._upload(upload_messages(w, chunk_bytes, meter),
+                                timeout=self._deadline(timeout),
+                                metadata=call_metadata(self._metadata, []))
         except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
-        return Handle(resp.tensor.handle)
+            raise rpc_error(e) from None
+        finally:
+            meter.close()
+        return Handle(resp.tensor.handle, _freer=self._freer)
 
-    def download(self, handle, *, bf16_output="float32", timeout=None) -> np.ndarray:
-        """Fetches a held tensor as a numpy array (bfloat16 as in the ops)."""
+    @overload
+    def download(self, handle: HandleLike, *, output: Literal["numpy"] = "numpy",
+                 bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                 progress: Progress = None, chunk_bytes: int = 0) -> NDArray: ...
+    @overload
+    def download(self, handle: HandleLike, *, output: Literal["torch"],
+                 bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                 progress: Progress = None, chunk_bytes: int = 0) -> "torch.Tensor": ...
+    def download(self, handle: HandleLike, *, output: OutputKind = "numpy",
+                 bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                 progress: Progress = None, chunk_bytes: int = 0) -> Any:
+        """Fetches a held tensor (bfloat16 as the ops return it); it stays on the server.
+        chunk_bytes: bytes per message (0: the server's default, which fits gRPC's 4 MiB)."""
+        hid = handle_id(handle)
+        asm = DownloadAssembly(self.progress if progress is None else progress, "download")
         try:
-            parts, header = [], None
-            for msg in self.stub.Download(pb.DownloadRequest(handle=handle),
-                                          timeout=self.timeout if timeout is None else timeout,
-                                          metadata=self._md(handle)):
-                if header is None and msg.HasField("tensor"):
-                    header = msg.tensor
-                parts.append(msg.data)
+            for msg in self._download(pb.DownloadRequest(handle=hid, chunk_bytes=chunk_bytes),
+                                      timeout=self._deadline(timeout),
+                                      metadata=call_metadata(self._metadata, [hid])):
+                asm.add(msg)
         except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
-        if header is None:
-            raise FuseboxError(grpc.StatusCode.INTERNAL, "download carried no tensor header")
-        return from_tensor(pb.Tensor(dtype=header.dtype, shape=header.shape, data=b"".join(parts)),
-                           bf16_output)
+            raise rpc_error(e) from None
+        finally:
+            if asm.meter is not None:
+                asm.meter.close()
+        return asm.result(output, bf16_output)
 
-    def free(self, handle) -> int:
-        """Frees a held tensor; returns the bytes freed."""
+    def free(self, handle: HandleLike) -> int:
+        """Frees a held tensor now; returns the bytes freed. A Handle stops owning it."""
+        if isinstance(handle, Handle):
+            handle.release()
+        hid = handle_id(handle)
         try:
-            return self.stub.FreeTensor(pb.FreeTensorRequest(handle=handle), timeout=self.timeout,
-                                        metadata=self._md(handle)).freed_bytes
+            resp = self._unary["FreeTensor"](pb.FreeTensorRequest(handle=hid),
+                                             timeout=self.timeout,
+                                             metadata=call_metadata(self._metadata, [hid]))
         except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
+            raise rpc_error(e) from None
+        return int(resp.freed_bytes)
 
-    def list_tensors(self):
-        """This caller's held tensors: (list of TensorInfo, used_bytes, quota_bytes)."""
+    def list_tensors(self, handle: Optional[HandleLike] = None
+                     ) -> Tuple[List[TensorInfo], int, int]:
+        """This caller's held tensors (or only ``handle``'s): (infos, used_bytes, quota_bytes).
+        The listed Handles do not own their tensors."""
+        hid = "" if handle is None else handle_id(handle)
         try:
-            r = self.stub.ListTensors(pb.ListTensorsRequest(), timeout=self.timeout,
-                                      metadata=self._metadata)
+            r = self._unary["ListTensors"](pb.ListTensorsRequest(handle=hid), timeout=self.timeout,
+                                           metadata=call_metadata(self._metadata,
+                                                                  [hid] if hid else []))
         except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
-        return [_info(t) for t in r.tensors], r.used_bytes, r.quota_bytes
+            raise rpc_error(e) from None
+        return [tensor_info(t) for t in r.tensors], int(r.used_bytes), int(r.quota_bytes)
 
-    def _call(self, method, req, timeout, bf16_output, return_timing, refs=()):
-        start = time.perf_counter()
-        try:
-            resp = method(req, timeout=self.timeout if timeout is None else timeout,
-                          metadata=self._md(*refs))
-        except grpc.RpcError as e:
-            raise FuseboxError(e.code(), e.details()) from None
-        rpc_us = (time.perf_counter() - start) * 1e6
-        if resp.output.HasField("handle"):
-            out = Handle(resp.output.handle)
-        elif resp.output.HasField("tensor"):
-            out = from_tensor(resp.output.tensor, bf16_output)
-        else:
-            raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no output")
-        if not return_timing:
-            return out
-        t = resp.timing
-        return out, Timing(queue_us=t.queue_us, copy_in_us=t.copy_in_us, kernel_us=t.kernel_us,
-                           copy_out_us=t.copy_out_us, total_us=t.total_us, backend=t.backend,
-                           device=t.device, stream=t.stream, rpc_us=rpc_us,
-                           launch_us=t.launch_us)
+
+__all__ = ["Client", "FuseboxError", "Handle", "TensorInfo", "Timing", "TensorLike"]
 
 
 class Router:
@@ -414,7 +405,7 @@ class Router:
     Client's (token, TLS, timeout). A handle of a replica no target is known for is NOT_FOUND,
     as is one whose replica is gone. Thread-safe; use as a context manager."""
 
-    def __init__(self, targets: Union[Iterable[str], Dict[str, str]], **client_kwargs):
+    def __init__(self, targets: Union[Iterable[str], Dict[str, str]], **client_kwargs: Any) -> None:
         named = dict(targets) if isinstance(targets, dict) else {}
         addresses = list(named.values()) if named else list(targets)
         if not addresses:
@@ -424,17 +415,17 @@ class Router:
         self._lock = threading.Lock()
         self._turn = itertools.count()
 
-    def close(self):
+    def close(self) -> None:
         for c in self.clients:
             c.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "Router":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def client_for(self, *refs) -> Client:
+    def client_for(self, *refs: object) -> Client:
         """The Client a call with these arguments goes to."""
         replica = next((r for r in map(replica_of, refs) if r), None)
         if replica is None:
@@ -447,7 +438,7 @@ class Router:
                                "replica is gone, or no call has reached it through this Router)")
         return client
 
-    def _learn(self, client: Client, out):
+    def _learn(self, client: Client, out: Any) -> Any:
         held = out[0] if isinstance(out, tuple) else out  # (out, timing) with return_timing
         replica = replica_of(held) if isinstance(held, Handle) else None
         if replica:
@@ -455,82 +446,42 @@ class Router:
                 self._by_replica.setdefault(replica, client)
         return out
 
-    def gelu(self, x, **kw):
+    def gelu(self, x: TensorLike, **kw: Any) -> Any:
         c = self.client_for(x)
         return self._learn(c, c.gelu(x, **kw))
 
-    def softmax(self, x, **kw):
+    def softmax(self, x: TensorLike, **kw: Any) -> Any:
         c = self.client_for(x)
         return self._learn(c, c.softmax(x, **kw))
 
-    def rowsum(self, x, **kw):
+    def rowsum(self, x: TensorLike, **kw: Any) -> Any:
         c = self.client_for(x)
         return self._learn(c, c.rowsum(x, **kw))
 
-    def matmul_relu(self, a, b, bias=None, **kw):
+    def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None,
+                    **kw: Any) -> Any:
         c = self.client_for(a, b, bias)
         return self._learn(c, c.matmul_relu(a, b, bias, **kw))
 
-    def upload(self, x, **kw) -> Handle:
+    def upload(self, x: TensorLike, **kw: Any) -> Handle:
         c = self.client_for()
-        return self._learn(c, c.upload(x, **kw))
+        out: Handle = self._learn(c, c.upload(x, **kw))
+        return out
 
-    def download(self, handle, **kw) -> np.ndarray:
+    def download(self, handle: HandleLike, **kw: Any) -> Any:
         return self.client_for(handle).download(handle, **kw)
 
-    def free(self, handle) -> int:
+    def free(self, handle: HandleLike) -> int:
         return self.client_for(handle).free(handle)
 
-    def list_tensors(self):
+    def list_tensors(self) -> Tuple[List[TensorInfo], int, int]:
         """Every target's list_tensors together: (TensorInfos, used_bytes, quota_bytes), the
         bytes summed over the targets."""
-        infos, used, quota = [], 0, 0
+        infos: List[TensorInfo] = []
+        used = quota = 0
         for c in self.clients:
             i, u, q = c.list_tensors()
             infos += i
             used += u
             quota += q
         return infos, used, quota
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _read_field1_varint(buf: bytes) -> int:
-    """Reads field 1 (varint) of a serialized message; 0 when absent."""
-    i, value = 0, 0
-
-    def varint():
-        nonlocal i
-        v, shift = 0, 0
-        while i < len(buf):
-            b = buf[i]
-            i += 1
-            v |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return v
-            shift += 7
-        raise ValueError("truncated varint")
-
-    while i < len(buf):
-        key = varint()
-        wire = key & 7
-        if wire == 0:
-            v = varint()
-            if key >> 3 == 1:
-                value = v
-        elif wire == 2:
-            i += varint()
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            raise ValueError("cannot parse health response")
-    return value

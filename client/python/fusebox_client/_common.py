@@ -1,0 +1,527 @@
+"""What the synchronous and the asyncio client share: settings from the environment, errors,
+handles, timings, progress, the one place uploads are cut into chunks, download assembly, and
+the requests and replies of the op RPCs. Neither client builds a message anywhere else.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import (Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union,
+                    cast)
+
+import grpc
+import numpy as np
+
+from fusebox.v1 import kernel_service_pb2 as pb
+
+from ._tensors import (Bf16Output, DTypeArg, NDArray, OutputKind, Wire, decode, dtype_name,
+                       element_bytes, to_wire)
+
+DEFAULT_SERVER = "localhost:50051"
+SERVICE = "/fusebox.v1.KernelService/"
+# protobuf cannot serialize a message of 2 GiB or more; what is left of it for tensor bytes.
+PROTOBUF_LIMIT = (1 << 31) - 1
+INLINE_LIMIT = PROTOBUF_LIMIT - (1 << 20)
+DEFAULT_CHUNK_BYTES = 4 << 20
+
+Metadata = Tuple[Tuple[str, str], ...]
+Pem = Union[bytes, str, "os.PathLike[str]"]
+ProgressCallback = Callable[[int, int], None]
+Progress = Union[bool, ProgressCallback, None]
+
+
+class FuseboxError(RuntimeError):
+    """A failed call: ``code`` is the grpc.StatusCode, ``details`` the server's message."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class MessageTooLargeError(FuseboxError, ValueError):
+    """Inline tensors too large for one message: upload() them and pass the handle."""
+
+
+def rpc_error(e: grpc.RpcError, inline_bytes: int = 0) -> FuseboxError:
+    """A gRPC error as a FuseboxError; one that a large inline request explains says so."""
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = (e.details() if hasattr(e, "details") else None) or str(e)
+    # gRPC's words for a message past a limit (either side's) or past protobuf's 2 GiB.
+    too_large = ("larger than max" in details or "serializing request" in details or
+                 "message" in details.lower() and "limit" in details.lower())
+    if inline_bytes >= (1 << 20) and too_large:
+        return MessageTooLargeError(code, f"{details} (this call sends {inline_bytes} bytes of "
+                                    "inline tensors: upload() large tensors once and pass the "
+                                    "handle instead)")
+    return FuseboxError(code, details)
+
+
+def check_inline(inline_bytes: int, max_message_bytes: int) -> None:
+    """Refuses, before anything is sent, a request that cannot be one gRPC message."""
+    limit = INLINE_LIMIT if max_message_bytes < 0 else min(INLINE_LIMIT, max_message_bytes)
+    if inline_bytes > limit:
+        raise MessageTooLargeError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"this call's inline tensors hold {inline_bytes} bytes, past the {limit}-byte "
+            "message limit: upload() them (streamed in chunks) and pass the handles instead")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where and how to connect, each from its argument or else the environment."""
+    target: str
+    token: Optional[str]
+    root_certificates: Optional[bytes]
+    certificate_chain: Optional[bytes]
+    private_key: Optional[bytes]
+    tls: bool
+
+
+def _read_pem(pem: Optional[Pem]) -> Optional[bytes]:
+    """bytes as they are (PEM text), a str or path-like as the file it names."""
+    if pem is None or isinstance(pem, bytes):
+        return pem
+    with open(pem, "rb") as f:
+        return f.read()
+
+
+def settings(target: Optional[str], token: Optional[str], tls: bool,
+             root_certificates: Optional[Pem], certificate_chain: Optional[Pem],
+             private_key: Optional[Pem], server_name: Optional[str]) -> Settings:
+    """Arguments first, then $FUSEBOX_SERVER, $FUSEBOX_TOKEN, $FUSEBOX_TLS_CA,
+    $FUSEBOX_TLS_CERT and $FUSEBOX_TLS_KEY (as the CLI reads them)."""
+    env = os.environ
+    target = target or env.get("FUSEBOX_SERVER") or DEFAULT_SERVER
+    if token is None:
+        token = env.get("FUSEBOX_TOKEN") or None
+    roots = _read_pem(root_certificates if root_certificates is not None
+                      else env.get("FUSEBOX_TLS_CA") or None)
+    chain = _read_pem(certificate_chain if certificate_chain is not None
+                      else env.get("FUSEBOX_TLS_CERT") or None)
+    key = _read_pem(private_key if private_key is not None
+                    else env.get("FUSEBOX_TLS_KEY") or None)
+    if (chain is None) != (key is None):
+        raise ValueError("certificate_chain and private_key come together (mTLS), or neither")
+    use_tls = bool(tls or roots is not None or chain is not None or server_name)
+    return Settings(target, token, roots, chain, key, use_tls)
+
+
+def channel_options(max_message_bytes: int, server_name: Optional[str]) -> List[Tuple[str, Any]]:
+    options: List[Tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.enable_retries", 0),
+    ]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return options
+
+
+def credentials(s: Settings) -> grpc.ChannelCredentials:
+    return grpc.ssl_channel_credentials(root_certificates=s.root_certificates,
+                                        private_key=s.private_key,
+                                        certificate_chain=s.certificate_chain)
+
+
+# --- handles ---------------------------------------------------------------------------------
+
+class Freer:
+    """Frees handles for one client. ``free_later`` must not block (it may run in a garbage
+    collection, on any thread); ``closed`` makes every later free a no-op."""
+
+    def __init__(self, free_later: Callable[[str], None]) -> None:
+        self._free_later = free_later
+        self._lock = threading.Lock()
+        self.closed = False
+        self.live: "weakref.WeakSet[Handle]" = weakref.WeakSet()
+
+    def __call__(self, handle_id: str) -> None:
+        if not self.closed:
+            try:
+                self._free_later(handle_id)
+            except Exception:  # a finaliser has no caller to tell
+                pass
+
+    def adopt(self, handle: "Handle") -> None:
+        with self._lock:
+            self.live.add(handle)
+
+    def take_live(self) -> List["Handle"]:
+        """The handles still alive and owned (not released), detached from their finalisers
+        (the client frees them)."""
+        with self._lock:
+            handles = [h for h in self.live if h.owned]
+            self.live.clear()
+        for h in handles:
+            h.release()
+        return handles
+
+
+class Handle:
+    """A tensor held by the server. A handle this client created (``upload``, ``keep=True``)
+    frees its tensor when it leaves a ``with`` block, when ``free()`` is called, when it is
+    garbage collected, or when its client closes; ``release()`` keeps the tensor on the server
+    and returns its id. ``Handle("id")`` or a plain string names a tensor without owning it."""
+
+    __slots__ = ("id", "_finalizer", "__weakref__")
+
+    def __init__(self, handle_id: str, *, _freer: Optional[Freer] = None) -> None:
+        self.id = str(handle_id)
+        self._finalizer: "Optional[weakref.finalize[[str], Handle]]" = None
+        if _freer is not None:
+            self._finalizer = weakref.finalize(self, _freer, self.id)
+            self._finalizer.atexit = False  # at exit the channel may already be gone
+            _freer.adopt(self)
+
+    @property
+    def owned(self) -> bool:
+        """True while this object will free its tensor."""
+        return self._finalizer is not None and self._finalizer.alive
+
+    def free(self) -> None:
+        """Frees the tensor now, if this object owns it (once; later calls do nothing)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def release(self) -> str:
+        """Stops owning the tensor (it stays on the server) and returns its id."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        return self.id
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __str__(self) -> str:
+        return self.id
+
+    def __repr__(self) -> str:
+        return f"Handle({self.id!r}{', owned' if self.owned else ''})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Handle):
+            return self.id == other.id
+        if isinstance(other, str):
+            return self.id == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def __lt__(self, other: "HandleLike") -> bool:
+        return self.id < handle_id(other)
+
+
+HandleLike = Union[Handle, str]
+
+
+def handle_id(h: HandleLike) -> str:
+    return h.id if isinstance(h, Handle) else str(h)
+
+
+@dataclass
+class Timing:
+    """Where a call's time went (microseconds), as fusebox.v1.Timing says.
+
+    In time order: queue, copy_in, launch, kernel, copy_out; total_us is the whole call on the
+    server. launch_us is copy-in end -> kernel start on the GPU (launch work, an idle stream
+    waking up); 0 on the CPU backend. rpc_us is the client's round trip.
+    """
+    queue_us: float
+    copy_in_us: float
+    kernel_us: float
+    copy_out_us: float
+    total_us: float
+    backend: str
+    device: str
+    stream: int
+    rpc_us: float
+    launch_us: float = 0.0
+
+
+@dataclass
+class TensorInfo:
+    """One held tensor, as ListTensors reports it."""
+    handle: Handle
+    dtype: str
+    shape: Tuple[int, ...]
+    size_bytes: int
+    created_unix_ms: int
+    last_used_unix_ms: int
+
+
+def tensor_info(t: pb.TensorInfo) -> TensorInfo:
+    return TensorInfo(Handle(t.handle), dtype_name(t.dtype), tuple(t.shape), t.size_bytes,
+                      t.created_unix_ms, t.last_used_unix_ms)
+
+
+# --- progress --------------------------------------------------------------------------------
+
+class Meter:
+    """Progress of one transfer: a callback on every chunk, or (``progress=None``) a tqdm bar on
+    stderr that appears once the transfer has taken a second, when tqdm is installed."""
+
+    def __init__(self, progress: Progress, total: int, label: str) -> None:
+        self.done = 0
+        self.total = total
+        self._callback: Optional[ProgressCallback] = None
+        self._bar: Any = None
+        if callable(progress):
+            self._callback = progress
+        elif progress is None or progress is True:
+            try:
+                from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
+            except ImportError:
+                return
+            self._bar = tqdm(total=total, desc=label, unit="B", unit_scale=True,
+                             unit_divisor=1024, delay=0.0 if progress else 1.0, leave=False,
+                             file=sys.stderr)
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self._callback is not None:
+            self._callback(self.done, self.total)
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+# --- transfers -------------------------------------------------------------------------------
+
+def upload_messages(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
+    """The one place an upload is cut into messages: the header with the first chunk, then one
+    message per chunk, each sliced from the caller's bytes (a chunk's copy, never the tensor's).
+    Parallel or zero-copy transfers belong here. A bad chunk size raises here, before any call."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be > 0, not {chunk_bytes}")
+    return _chunks(w, chunk_bytes, meter)
+
+
+def _chunks(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
+    data = w.data()
+    first = data[:chunk_bytes]
+    yield pb.UploadRequest(dtype=w.dtype, shape=list(w.shape), data=first.tobytes())
+    meter.add(len(first))
+    for off in range(chunk_bytes, len(data), chunk_bytes):
+        chunk = data[off:off + chunk_bytes]
+        yield pb.UploadRequest(data=chunk.tobytes())
+        meter.add(len(chunk))
+
+
+class DownloadAssembly:
+    """Collects a Download's messages straight into the result's buffer (no list of chunks
+    joined at the end, so the host holds the tensor once)."""
+
+    def __init__(self, progress: Progress, label: str) -> None:
+        self._progress = progress
+        self._label = label
+        self.header: Optional[pb.TensorInfo] = None
+        self.buf: Optional[NDArray] = None
+        self.filled = 0
+        self.meter: Optional[Meter] = None
+
+    def add(self, msg: pb.DownloadResponse) -> None:
+        if self.header is None:
+            if not msg.HasField("tensor"):
+                raise FuseboxError(grpc.StatusCode.INTERNAL, "download carried no tensor header")
+            self.header = msg.tensor
+            n = element_bytes(msg.tensor.dtype)
+            for d in msg.tensor.shape:
+                n *= d
+            self.buf = np.empty(n, dtype=np.uint8)
+            self.meter = Meter(self._progress, n, self._label)
+        assert self.buf is not None and self.meter is not None
+        end = self.filled + len(msg.data)
+        if end > len(self.buf):
+            raise FuseboxError(grpc.StatusCode.INTERNAL, "download sent more bytes than its shape")
+        self.buf[self.filled:end] = np.frombuffer(msg.data, dtype=np.uint8)
+        self.filled = end
+        self.meter.add(len(msg.data))
+
+    def result(self, output: OutputKind, bf16_output: Bf16Output) -> Any:
+        if self.meter is not None:
+            self.meter.close()
+        if self.header is None or self.buf is None:
+            raise FuseboxError(grpc.StatusCode.INTERNAL, "download carried no tensor header")
+        if self.filled != len(self.buf):
+            raise FuseboxError(grpc.StatusCode.INTERNAL,
+                               f"download ended after {self.filled} of {len(self.buf)} bytes")
+        return decode(self.header.dtype, tuple(self.header.shape), self.buf, output=output,
+                      bf16_output=bf16_output)
+
+
+# --- op requests and replies -----------------------------------------------------------------
+
+class Request:
+    """An op request with what the call needs to know about it: the handles it names (for
+    per-call metadata) and its inline bytes (for the message limit and error hints)."""
+
+    def __init__(self, method: str, message: Any) -> None:
+        self.method = method
+        self.message = message
+        self.handles: List[str] = []
+        self.inline_bytes = 0
+
+    def ref(self, x: Any, dtype: DTypeArg) -> pb.TensorRef:
+        if isinstance(x, (Handle, str)):
+            hid = handle_id(x)
+            self.handles.append(hid)
+            return pb.TensorRef(handle=hid)
+        w = to_wire(x, dtype)
+        self.inline_bytes += w.nbytes
+        return pb.TensorRef(tensor=pb.Tensor(dtype=w.dtype, shape=list(w.shape),
+                                             data=w.data().tobytes()))
+
+
+REQUESTS: Dict[str, Any] = {
+    "Gelu": (pb.GeluRequest, pb.GeluResponse),
+    "Softmax": (pb.SoftmaxRequest, pb.SoftmaxResponse),
+    "RowSum": (pb.RowSumRequest, pb.RowSumResponse),
+    "MatmulRelu": (pb.MatmulReluRequest, pb.MatmulReluResponse),
+    "FreeTensor": (pb.FreeTensorRequest, pb.FreeTensorResponse),
+    "ListTensors": (pb.ListTensorsRequest, pb.ListTensorsResponse),
+}
+
+_IMPLS = {"default": 0, "cublaslt": 1, "tiled": 2}
+
+
+def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool) -> Request:
+    req_type = REQUESTS[method][0]
+    r = Request(method, None)
+    r.message = req_type(input=r.ref(x, dtype),
+                         output_options=pb.OutputOptions(keep_on_server=keep))
+    return r
+
+
+def matmul_request(a: Any, b: Any, bias: Any, dtype: DTypeArg, allow_tf32: bool,
+                   impl: Union[int, str], keep: bool) -> Request:
+    r = Request("MatmulRelu", None)
+    ra = r.ref(a, dtype)
+    want = dtype
+    if want is None and ra.HasField("tensor"):  # b and bias follow a's dtype
+        want = dtype_name(ra.tensor.dtype)
+    impl_value = cast("pb.MatmulImpl", _IMPLS[impl] if isinstance(impl, str)
+                      else int(impl))
+    msg = pb.MatmulReluRequest(a=ra, b=r.ref(b, want), allow_tf32=allow_tf32, impl=impl_value,
+                               output_options=pb.OutputOptions(keep_on_server=keep))
+    if bias is not None:
+        msg.bias.CopyFrom(r.ref(bias, want))
+    r.message = msg
+    return r
+
+
+def op_result(resp: Any, rpc_us: float, freer: Freer, output: OutputKind,
+              bf16_output: Bf16Output, return_timing: bool) -> Any:
+    """An op's reply as what the caller asked for: an array / tensor, or an owned Handle;
+    with its Timing when return_timing."""
+    out: Any
+    if resp.output.HasField("handle"):
+        out = Handle(resp.output.handle, _freer=freer)
+    elif resp.output.HasField("tensor"):
+        t = resp.output.tensor
+        out = decode(t.dtype, tuple(t.shape), t.data, output=output, bf16_output=bf16_output)
+    else:
+        raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no output")
+    if not return_timing:
+        return out
+    t = resp.timing
+    return out, Timing(queue_us=t.queue_us, copy_in_us=t.copy_in_us, kernel_us=t.kernel_us,
+                       copy_out_us=t.copy_out_us, total_us=t.total_us, backend=t.backend,
+                       device=t.device, stream=t.stream, rpc_us=rpc_us, launch_us=t.launch_us)
+
+
+REPLICA_HEADER = "fusebox-replica"
+
+
+def replica_of(handle: object) -> Optional[str]:
+    """The replica a handle names ("<replica>.<random>"); None for arrays and bare handles."""
+    if isinstance(handle, Handle):
+        handle = handle.id
+    if not isinstance(handle, str):
+        return None
+    replica, dot, _ = handle.partition(".")
+    return replica if dot and replica else None
+
+
+def call_metadata(base: Metadata, handles: Sequence[str]) -> Optional[Metadata]:
+    """The metadata of one call: the token, plus anything a call that names ``handles`` needs
+    (the one place per-call headers are added): the replica of the first handle that names
+    one, as ``fusebox-replica``, which a proxy (deploy/proxy) routes on."""
+    replica = next((r for r in map(replica_of, handles) if r), None)
+    if replica is None:
+        return base or None
+    return base + ((REPLICA_HEADER, replica),)
+
+
+def now() -> float:
+    return time.perf_counter()
+
+
+# --- grpc.health.v1, hand-encoded (no grpcio-health-checking dependency) ---------------------
+
+HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+HEALTH_METHOD = "/grpc.health.v1.Health/Check"
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def health_request(service: str) -> bytes:
+    svc = service.encode()
+    return (b"\x0a" + varint(len(svc)) + svc) if svc else b""
+
+
+def health_status(buf: bytes) -> str:
+    """Reads field 1 (varint) of a HealthCheckResponse; UNKNOWN when absent."""
+    i, value = 0, 0
+
+    def read_varint() -> int:
+        nonlocal i
+        v, shift = 0, 0
+        while i < len(buf):
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return v
+            shift += 7
+        raise ValueError("truncated varint")
+
+    while i < len(buf):
+        key = read_varint()
+        wire = key & 7
+        if wire == 0:
+            v = read_varint()
+            if key >> 3 == 1:
+                value = v
+        elif wire == 2:
+            i += read_varint()
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        else:
+            raise ValueError("cannot parse health response")
+    return HEALTH.get(value, "UNKNOWN")
+
+
+def identity(b: bytes) -> bytes:
+    return b

@@ -1,0 +1,359 @@
+"""fusebox's asyncio client: the same surface as ``fusebox_client.Client``, every call a
+coroutine, over grpc.aio. Create it inside the event loop that will use it.
+
+Handles it creates free their tensors when they leave a ``with`` block, when garbage collected
+(the free is scheduled on the client's loop), or when ``await client.close()`` runs.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import (TYPE_CHECKING, Any, List, Literal, Optional, Set, Tuple, Union, overload)
+
+import grpc
+import grpc.aio
+
+from fusebox.v1 import kernel_service_pb2 as pb
+
+from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, DownloadAssembly,
+                      Freer, Handle, HandleLike, Meter, Metadata, Pem, Progress, Request,
+                      TensorInfo, Timing, call_metadata, channel_options, check_inline,
+                      credentials, handle_id, health_request, health_status, identity,
+                      matmul_request, now, op_result, rpc_error, settings, tensor_info,
+                      unary_request, upload_messages)
+from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
+from .client import TensorLike
+
+if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+
+class AsyncClient:
+    """A grpc.aio connection to one fusebox server; ``async with AsyncClient() as c:``."""
+
+    def __init__(self, target: Optional[str] = None, timeout: float = 60.0,
+                 max_message_bytes: int = -1, token: Optional[str] = None, *, tls: bool = False,
+                 root_certificates: Optional[Pem] = None, certificate_chain: Optional[Pem] = None,
+                 private_key: Optional[Pem] = None, server_name: Optional[str] = None,
+                 progress: Progress = None) -> None:
+        """The arguments and their defaults are Client's."""
+        s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
+                     server_name)
+        self.target = s.target
+        self.timeout = timeout
+        self.progress = progress
+        self._max_message_bytes = max_message_bytes
+        self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
+        options = channel_options(max_message_bytes, server_name)
+        if s.tls:
+            self.channel = grpc.aio.secure_channel(s.target, credentials(s), options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(s.target, options=options)
+        self._unary = {name: self.channel.unary_unary(SERVICE + name,
+                                                      request_serializer=req.SerializeToString,
+                                                      response_deserializer=resp.FromString)
+                       for name, (req, resp) in REQUESTS.items()}
+        self._upload = self.channel.stream_unary(
+            SERVICE + "Upload", request_serializer=pb.UploadRequest.SerializeToString,
+            response_deserializer=pb.UploadResponse.FromString)
+        self._download = self.channel.unary_stream(
+            SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
+            response_deserializer=pb.DownloadResponse.FromString)
+        self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
+                                                response_deserializer=identity)
+        try:
+            self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._frees: Set["asyncio.Task[None]"] = set()
+        self._freer = Freer(self._free_later)
+
+    async def close(self) -> None:
+        """Frees the tensors of the handles this client still owns, then closes the channel."""
+        live = self._freer.take_live()
+        self._freer.closed = True
+        await asyncio.gather(*(self._free_quietly(h.id) for h in live), *self._frees)
+        await self.channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _free_later(self, handle: str) -> None:
+        """A finaliser's free: scheduled on the client's loop (any thread may collect)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def spawn() -> None:
+            task = loop.create_task(self._free_quietly(handle))
+            self._frees.add(task)
+            task.add_done_callback(self._frees.discard)
+
+        loop.call_soon_threadsafe(spawn)
+
+    async def _free_quietly(self, handle: str) -> None:
+        try:
+            await self._unary["FreeTensor"](pb.FreeTensorRequest(handle=handle), timeout=10,
+                                            metadata=call_metadata(self._metadata, [handle]))
+        except grpc.RpcError:
+            pass
+
+    def _deadline(self, timeout: Optional[float]) -> float:
+        return self.timeout if timeout is None else timeout
+
+    def _bind_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+
+    async def wait_for_ready(self, timeout: float = 10.0) -> bool:
+        """True when the channel connects within timeout seconds."""
+        self._bind_loop()
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    async def health(self, service: str = "", timeout: float = 5.0) -> str:
+        """grpc.health.v1 Check: 'SERVING', 'NOT_SERVING', 'SERVICE_UNKNOWN' or 'UNKNOWN'."""
+        self._bind_loop()
+        try:
+            resp: bytes = await self._health(health_request(service), timeout=timeout,
+                                             metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        return health_status(resp)
+
+    # --- ops -------------------------------------------------------------------------------
+
+    @overload
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                   output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                   return_timing: Literal[False] = False,
+                   timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                   output: Literal["torch"], bf16_output: Bf16Output = "float32",
+                   return_timing: Literal[False] = False,
+                   timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+                   output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                   return_timing: Literal[False] = False,
+                   timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                   output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                   return_timing: Literal[True],
+                   timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                   output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                   return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    async def gelu(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                   output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                   return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Tanh-form GeLU of x, elementwise, any shape."""
+        return await self._op(unary_request("Gelu", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
+
+    @overload
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                      output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                      return_timing: Literal[False] = False,
+                      timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                      output: Literal["torch"], bf16_output: Bf16Output = "float32",
+                      return_timing: Literal[False] = False,
+                      timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+                      output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                      return_timing: Literal[False] = False,
+                      timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                      output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                      return_timing: Literal[True],
+                      timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                      output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                      return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    async def softmax(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                      output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                      return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Softmax over the last axis (rank >= 1)."""
+        return await self._op(unary_request("Softmax", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
+
+    @overload
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                     output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                     return_timing: Literal[False] = False,
+                     timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                     output: Literal["torch"], bf16_output: Bf16Output = "float32",
+                     return_timing: Literal[False] = False,
+                     timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[True],
+                     output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                     return_timing: Literal[False] = False,
+                     timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: Literal[False] = False,
+                     output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                     return_timing: Literal[True],
+                     timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                     output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                     return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    async def rowsum(self, x: TensorLike, *, dtype: DTypeArg = None, keep: bool = False,
+                     output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                     return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """Sum over the last axis (rank >= 1); the result is float32."""
+        return await self._op(unary_request("RowSum", x, dtype, keep), timeout, output,
+                              bf16_output, return_timing)
+
+    @overload
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: Literal[False] = False,
+                          output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                          return_timing: Literal[False] = False,
+                          timeout: Optional[float] = None) -> NDArray: ...
+    @overload
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: Literal[False] = False,
+                          output: Literal["torch"], bf16_output: Bf16Output = "float32",
+                          return_timing: Literal[False] = False,
+                          timeout: Optional[float] = None) -> "torch.Tensor": ...
+    @overload
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: Literal[True],
+                          output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                          return_timing: Literal[False] = False,
+                          timeout: Optional[float] = None) -> Handle: ...
+    @overload
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: Literal[False] = False,
+                          output: Literal["numpy"] = "numpy", bf16_output: Bf16Output = "float32",
+                          return_timing: Literal[True],
+                          timeout: Optional[float] = None) -> Tuple[NDArray, Timing]: ...
+    @overload
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: bool = False,
+                          output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                          return_timing: bool = False, timeout: Optional[float] = None) -> Any: ...
+    async def matmul_relu(self, a: TensorLike, b: TensorLike, bias: Optional[TensorLike] = None, *,
+                          dtype: DTypeArg = None, allow_tf32: bool = False,
+                          impl: Union[int, str] = 0, keep: bool = False,
+                          output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                          return_timing: bool = False, timeout: Optional[float] = None) -> Any:
+        """relu(a @ b + bias): a [M,K], b [K,N], bias [N] or None (inputs or handles), one
+        dtype for all: a's unless ``dtype`` says. ``impl``: "default", "cublaslt" or "tiled" (the
+        GPU's; the CPU ignores it); ``allow_tf32`` lets float32 use TF32 tensor cores on the GPU."""
+        return await self._op(matmul_request(a, b, bias, dtype, allow_tf32, impl, keep), timeout,
+                             output, bf16_output, return_timing)
+
+
+    async def _op(self, req: Request, timeout: Optional[float], output: OutputKind,
+                  bf16_output: Bf16Output, return_timing: bool) -> Any:
+        self._bind_loop()
+        check_inline(req.inline_bytes, self._max_message_bytes)
+        start = now()
+        try:
+            resp = await self._unary[req.method](
+                req.message, timeout=self._deadline(timeout),
+                metadata=call_metadata(self._metadata, req.handles))
+        except grpc.RpcError as e:
+            raise rpc_error(e, req.inline_bytes) from None
+        return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
+                         return_timing)
+
+    # --- tensors held by the server --------------------------------------------------------
+
+    async def upload(self, x: TensorLike, *, dtype: DTypeArg = None,
+                     chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: Optional[float] = None,
+                     progress: Progress = None) -> Handle:
+        """Streams x to the server in chunks; returns a Handle that owns the tensor."""
+        self._bind_loop()
+        w = to_wire(x, dtype)
+        meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
+        try:
+            resp = await self._upload(upload_messages(w, chunk_bytes, meter),
+                                      timeout=self._deadline(timeout),
+                                      metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            meter.close()
+        return Handle(resp.tensor.handle, _freer=self._freer)
+
+    @overload
+    async def download(self, handle: HandleLike, *, output: Literal["numpy"] = "numpy",
+                       bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                       progress: Progress = None, chunk_bytes: int = 0) -> NDArray: ...
+    @overload
+    async def download(self, handle: HandleLike, *, output: Literal["torch"],
+                       bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                       progress: Progress = None, chunk_bytes: int = 0) -> "torch.Tensor": ...
+    async def download(self, handle: HandleLike, *, output: OutputKind = "numpy",
+                       bf16_output: Bf16Output = "float32", timeout: Optional[float] = None,
+                       progress: Progress = None, chunk_bytes: int = 0) -> Any:
+        """Fetches a held tensor (bfloat16 as the ops return it); it stays on the server."""
+        self._bind_loop()
+        hid = handle_id(handle)
+        asm = DownloadAssembly(self.progress if progress is None else progress, "download")
+        try:
+            call = self._download(pb.DownloadRequest(handle=hid, chunk_bytes=chunk_bytes),
+                                  timeout=self._deadline(timeout),
+                                  metadata=call_metadata(self._metadata, [hid]))
+            async for msg in call:
+                asm.add(msg)
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            if asm.meter is not None:
+                asm.meter.close()
+        return asm.result(output, bf16_output)
+
+    async def free(self, handle: HandleLike) -> int:
+        """Frees a held tensor now; returns the bytes freed. A Handle stops owning it."""
+        self._bind_loop()
+        if isinstance(handle, Handle):
+            handle.release()
+        hid = handle_id(handle)
+        try:
+            resp = await self._unary["FreeTensor"](pb.FreeTensorRequest(handle=hid),
+                                                   timeout=self.timeout,
+                                                   metadata=call_metadata(self._metadata, [hid]))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        return int(resp.freed_bytes)
+
+    async def list_tensors(self, handle: Optional[HandleLike] = None
+                           ) -> Tuple[List[TensorInfo], int, int]:
+        """This caller's held tensors (or only ``handle``'s): (infos, used_bytes, quota_bytes)."""
+        self._bind_loop()
+        hid = "" if handle is None else handle_id(handle)
+        try:
+            r = await self._unary["ListTensors"](
+                pb.ListTensorsRequest(handle=hid), timeout=self.timeout,
+                metadata=call_metadata(self._metadata, [hid] if hid else []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        return [tensor_info(t) for t in r.tensors], int(r.used_bytes), int(r.quota_bytes)
+
+
+__all__ = ["AsyncClient"]

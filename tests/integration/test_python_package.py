@@ -1,0 +1,284 @@
+"""The Python client as users get it (``pip install ./client/python``), against a real
+fusebox-server: handles that free themselves, string handles, settings from the environment,
+the message-limit hint, progress, numpy / ml_dtypes / torch / DLPack inputs, and the asyncio
+client. Type-checked with ``mypy --strict`` (scripts/python_package.sh).
+
+Also runs from the build tree (PYTHONPATH=<build>/python); tests of optional packages (torch,
+ml_dtypes, tqdm) skip where they are not installed.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import os
+import time
+from typing import Any, Iterator, List, Tuple
+
+# The servers these tests start are forked with a preexec_fn (to die with pytest). grpcio from
+# PyPI (1.85 here; not Debian's 1.51) runs fork handlers in such children that abort some of
+# them (10 in 300). The children run no gRPC, so the handlers go, before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from fusebox_client import Client, FuseboxError, Handle, MessageTooLargeError
+from fusebox_client.aio import AsyncClient
+
+# The server fixture's process wrapper, shared with test_python_client (untyped: Any here).
+Server: Any = importlib.import_module("test_python_client").Server
+
+F32 = npt.NDArray[np.float32]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    s = Server()
+    yield s
+    s.stop()
+    s.kill()
+
+
+@pytest.fixture
+def client(server: Any) -> Iterator[Client]:
+    with Client(server.address, timeout=30) as c:
+        assert c.wait_for_ready(10)
+        yield c
+
+
+def held(c: Client) -> List[str]:
+    return [t.handle.id for t in c.list_tensors()[0]]
+
+
+def gelu_ref(x: npt.NDArray[Any]) -> npt.NDArray[np.float64]:
+    d = x.astype(np.float64)
+    out: npt.NDArray[np.float64] = 0.5 * d * (1 + np.tanh(np.sqrt(2 / np.pi) *
+                                                          (d + 0.044715 * d ** 3)))
+    return out
+
+
+def sample(shape: Tuple[int, ...] = (4, 33)) -> F32:
+    return np.random.default_rng(7).uniform(-3, 3, shape).astype(np.float32)
+
+
+# --- handles -----------------------------------------------------------------------------
+
+def test_a_handle_frees_its_tensor_when_its_with_block_ends_even_on_an_exception(
+        client: Client) -> None:
+    with pytest.raises(RuntimeError):
+        with client.upload(sample()) as h:
+            assert h.id in held(client)
+            raise RuntimeError("the code using the handle failed")
+    assert h.id not in held(client)
+    assert not h.owned
+
+
+def test_a_handle_frees_its_tensor_when_garbage_collected(client: Client) -> None:
+    h = client.gelu(sample(), keep=True)
+    hid = h.id
+    assert hid in held(client)
+    del h
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while hid in held(client) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hid not in held(client)
+
+
+def test_closing_the_client_frees_its_handles_and_release_keeps_one(server: Any) -> None:
+    with Client(server.address) as c:
+        dropped = c.upload(sample())
+        kept = c.upload(sample()).release()
+        still_here = c.upload(sample())  # released, and still referenced when the client closes
+        still_here.release()
+    with Client(server.address) as c:
+        ids = held(c)
+        assert dropped.id not in ids and kept in ids and still_here.id in ids
+        assert c.free(kept) > 0 and c.free(still_here) > 0
+
+
+def test_a_string_names_a_handle_wherever_a_handle_is_expected(client: Client) -> None:
+    x = sample()
+    with client.upload(x) as h:
+        hid: str = h.id
+        np.testing.assert_allclose(client.gelu(hid), gelu_ref(x), rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(client.download(hid), x)
+        assert [t.handle for t in client.list_tensors(hid)[0]] == [Handle(hid)]
+        y = client.matmul_relu(hid, np.eye(33, dtype=np.float32))
+        np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-6)
+
+
+def test_an_unknown_string_handle_is_not_found(client: Client) -> None:
+    with pytest.raises(FuseboxError) as e:
+        client.gelu("no-such-handle")
+    assert e.value.code.name == "NOT_FOUND"
+
+
+# --- settings and errors -----------------------------------------------------------------
+
+def test_server_and_token_come_from_the_environment(server: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUSEBOX_SERVER", server.address)
+    monkeypatch.setenv("FUSEBOX_TOKEN", "from-the-environment")
+    with Client() as c:
+        assert c.target == server.address
+        assert c._metadata == (("authorization", "Bearer from-the-environment"),)
+        assert c.health() == "SERVING"
+
+
+def test_an_inline_tensor_past_the_message_limit_names_upload(server: Any) -> None:
+    with Client(server.address, max_message_bytes=1 << 20) as c:
+        with pytest.raises(MessageTooLargeError, match=r"upload\(\)"):
+            c.gelu(np.zeros(1 << 19, np.float32))  # 2 MiB inline
+        with c.upload(np.zeros(1 << 19, np.float32), chunk_bytes=1 << 19) as h:
+            assert c.rowsum(h).shape == ()
+
+
+def test_inline_tensors_past_protobufs_2_gib_are_refused_before_sending_naming_upload() -> None:
+    from fusebox_client._common import check_inline
+    check_inline((1 << 31) - (2 << 20), -1)
+    with pytest.raises(MessageTooLargeError, match=r"upload\(\)"):
+        check_inline(1 << 31, -1)  # gRPC would say only "Exception serializing request!"
+    with pytest.raises(MessageTooLargeError):
+        check_inline(1 << 31, 4 << 30)  # a larger limit of the client's changes nothing
+
+
+def test_a_request_past_the_servers_message_limit_names_upload() -> None:
+    s = Server("--max_message_bytes=1048576")
+    try:
+        with Client(s.address) as c:
+            with pytest.raises(MessageTooLargeError, match=r"upload\(\)"):
+                c.softmax(np.zeros((2, 1 << 18), np.float32))  # 2 MiB inline
+            with pytest.raises(FuseboxError) as e:  # other errors carry no such hint
+                c.softmax("no-such-handle")
+            assert "upload()" not in str(e.value)
+    finally:
+        s.stop()
+        s.kill()
+
+
+def test_progress_callback_sees_every_chunk_of_an_upload_and_a_download(client: Client) -> None:
+    x = np.arange(3 << 18, dtype=np.float32)  # 3 MiB: three 1 MiB chunks
+    seen: List[Tuple[int, int]] = []
+    with client.upload(x, chunk_bytes=1 << 20, progress=lambda d, t: seen.append((d, t))) as h:
+        assert seen == [(1 << 20, 3 << 20), (2 << 20, 3 << 20), (3 << 20, 3 << 20)]
+        seen.clear()
+        y = client.download(h, progress=lambda d, t: seen.append((d, t)))
+    np.testing.assert_array_equal(y, x)
+    assert seen[-1] == (3 << 20, 3 << 20)
+
+
+# --- inputs and outputs ------------------------------------------------------------------
+
+def test_downloads_and_results_are_writable_arrays(client: Client) -> None:
+    y = client.gelu(sample())
+    y[0, 0] = 1.0
+    with client.upload(sample()) as h:
+        d = client.download(h)
+    d[0, 0] = 1.0
+
+
+def test_an_object_with_only_dlpack_is_accepted(client: Client) -> None:
+    x = sample()
+
+    class OnlyDLPack:
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return x.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self) -> Any:
+            return x.__dlpack_device__()
+
+    try:
+        y = client.gelu(OnlyDLPack())
+    except TypeError as e:  # numpy too old to read DLPack, and no torch
+        pytest.skip(str(e))
+    np.testing.assert_allclose(y, gelu_ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_ml_dtypes_bfloat16_goes_in_and_comes_back_as_bfloat16(client: Client) -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    x = sample().astype(ml_dtypes.bfloat16)
+    y = client.softmax(x, bf16_output="bfloat16")
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(y.astype(np.float32).sum(-1), 1, atol=3e-2)
+    bits = client.softmax(x, bf16_output="bits")
+    np.testing.assert_array_equal(bits, y.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_tensors_of_each_dtype_go_in_and_come_out_as_torch(client: Client,
+                                                                  dtype: str) -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(sample()).to(getattr(torch, dtype))
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        y = client.gelu(x.to(device), output="torch")
+        assert y.dtype == x.dtype and tuple(y.shape) == tuple(x.shape)
+        want = gelu_ref(x.float().numpy())
+        np.testing.assert_allclose(y.float().numpy(), want, rtol=2e-2, atol=2e-2)
+        with client.upload(x.to(device)) as h:
+            back = client.download(h, output="torch")
+        assert back.dtype == x.dtype and torch.equal(back, x)
+
+
+# --- asyncio -----------------------------------------------------------------------------
+
+def test_the_async_client_has_the_same_surface(server: Any) -> None:
+    x = sample()
+
+    async def run() -> None:
+        async with AsyncClient(server.address, timeout=30) as c:
+            assert await c.wait_for_ready(10)
+            assert await c.health() == "SERVING"
+            y, t = await c.gelu(x, return_timing=True)
+            np.testing.assert_allclose(y, gelu_ref(x), rtol=1e-5, atol=1e-6)
+            assert t.total_us > 0
+            seen: List[int] = []
+            h = await c.upload(x, chunk_bytes=256, progress=lambda d, t: seen.append(d))
+            assert seen[-1] == x.nbytes
+            with await c.softmax(h, keep=True) as s:
+                np.testing.assert_allclose((await c.download(s)).sum(-1), 1, rtol=1e-5)
+                assert (await c.rowsum(h.id)).shape == (4,)
+                m = await c.matmul_relu(h, np.eye(33, dtype=np.float32))
+                np.testing.assert_allclose(m, np.maximum(x, 0), rtol=1e-6)
+            for _ in range(100):  # the with block's free is scheduled on the loop
+                ids = [i.handle.id for i in (await c.list_tensors())[0]]
+                if s.id not in ids:
+                    break
+                await asyncio.sleep(0.05)
+            assert s.id not in ids and h.id in ids
+            assert await c.free(h) == x.nbytes
+            with pytest.raises(FuseboxError):
+                await c.download("no-such-handle")
+
+    asyncio.run(run())
+
+
+def test_async_handles_free_their_tensors_when_collected_and_at_close(server: Any) -> None:
+    async def run() -> Tuple[str, str]:
+        async with AsyncClient(server.address) as c:
+            h = await c.upload(sample())
+            g = await c.gelu(h, keep=True)
+            gid = g.id
+            del g
+            gc.collect()
+            for _ in range(100):
+                if gid not in [i.handle.id for i in (await c.list_tensors())[0]]:
+                    break
+                await asyncio.sleep(0.05)
+            return h.id, gid
+
+    hid, gid = asyncio.run(run())
+    with Client(server.address) as c:
+        ids = held(c)
+    assert hid not in ids and gid not in ids
+
+
+def test_the_package_names_its_version() -> None:
+    import fusebox_client
+    assert fusebox_client.__version__.count(".") == 2
+    if os.environ.get("FUSEBOX_PIP_INSTALLED") == "1":
+        from importlib.metadata import version
+        assert version("fusebox-client") == fusebox_client.__version__
