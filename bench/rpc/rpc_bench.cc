@@ -14,6 +14,7 @@
 // is the median ratio over the rounds with a distribution-free 95% interval (order
 // statistics of the rounds; client/cpp/loadgen.h).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -175,12 +176,23 @@ int RunFloor(const FloorOptions& o) {
     if (!failed.exchange(true)) error = what;
     return 1;
   };
-  auto call = [&](Target t, int c) -> int {
+  // The server's own Timing at the first caller count (per caller: total, queue, kernel), to
+  // tell the server's part of fusebox's round trip from the RPC path's.
+  std::vector<std::array<std::vector<double>, 3>> server_us(static_cast<size_t>(most));
+  bool first_count = true;
+  auto call = [&](Target t, int c, bool measured) -> int {
     const size_t i = static_cast<size_t>(c);
     switch (t) {
       case kFusebox: {
         const absl::Status st = fb[i]->Call(fc::Op::kGelu, {in}, &fb_results[i]);
-        return st.ok() ? 0 : fail("fusebox: " + st.ToString());
+        if (!st.ok()) return fail("fusebox: " + st.ToString());
+        if (measured && first_count) {
+          const fc::Timing& tm = fb_results[i].timing;
+          server_us[i][0].push_back(tm.total_us);
+          server_us[i][1].push_back(tm.queue_us);
+          server_us[i][2].push_back(tm.kernel_us);
+        }
+        return 0;
       }
       case kEchoUnary: {
         grpc::ClientContext ctx;
@@ -205,10 +217,11 @@ int RunFloor(const FloorOptions& o) {
       kTargets, std::vector<std::vector<Stat>>(o.callers.size()));
   for (int r = 0; r < o.rounds; ++r) {
     for (size_t ci = 0; ci < o.callers.size(); ++ci) {
+      first_count = ci == 0;
       for (int k = 0; k < kTargets; ++k) {
         const Target t = static_cast<Target>((k + r) % kTargets);
         load::Result res = load::ClosedLoop(o.callers[ci], o.warmup_seconds, o.round_seconds,
-                                            [&](int c, bool) { return call(t, c); });
+                                            [&](int c, bool measured) { return call(t, c, measured); });
         if (failed) {
           std::fprintf(stderr, "fusebox-rpc-bench: call failed: %s\n", error.c_str());
           return 1;
@@ -266,6 +279,14 @@ int RunFloor(const FloorOptions& o) {
     row("calls/s, " + std::to_string(o.callers[ci]) + (o.callers[ci] == 1 ? " caller" : " callers"),
         ci, &Stat::rate);
   }
+  std::vector<double> phase[3];
+  for (const auto& per : server_us) {
+    for (int k = 0; k < 3; ++k) phase[k].insert(phase[k].end(), per[k].begin(), per[k].end());
+  }
+  std::printf("\nfusebox server's own Timing at %s, median over every measured call: total_us %.1f "
+              "(queue_us %.1f, kernel_us %.1f)\n",
+              one.c_str(), load::Percentile(phase[0], 0.5), load::Percentile(phase[1], 0.5),
+              load::Percentile(phase[2], 0.5));
   return 0;
 }
 
