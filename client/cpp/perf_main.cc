@@ -19,6 +19,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "client/cpp/connection_flags.h"
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/loadgen.h"
 #include "fusebox/version.h"
@@ -38,7 +39,8 @@ due at R per second and taken by a pool of --callers callers; latency counts fro
 time, so a server that falls behind shows it as latency (and `late` counts calls that started
 more than 1 ms after they were due because every caller was busy).
 
-Every caller has its own connection (a channel of its own).
+Every caller has its own connection (a channel of its own). An option given empty
+(--tls_ca=) overrides its variable.
 
 Output: a table on stdout; --json FILE and --csv FILE (- for stdout, then the table goes to
 stderr) with, per run: calls, ok, calls/s, latency p50/p90/p99/p99.9/mean/max in
@@ -113,14 +115,9 @@ std::string Num(double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  auto env = [](const char* name) {
-    return std::string(std::getenv(name) != nullptr ? std::getenv(name) : "");
-  };
-  std::string server = env("FUSEBOX_SERVER").empty() ? "localhost:50051" : env("FUSEBOX_SERVER");
-  std::string token = env("FUSEBOX_TOKEN");
-  std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
-              tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
-  bool tls = false, by_handle = false, bias = false;
+  fc::ConnectionFlags conn = fc::ConnectionFlags::FromEnvironment();
+  const std::string& server = conn.server;
+  bool by_handle = false, bias = false;
   std::string op_name = "gelu", dtype_name = "float32", shape_arg = "1024", sweep_arg;
   std::string json_path, csv_path;
   int callers = 1;
@@ -132,14 +129,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "fusebox-perf " FUSEBOX_VERSION " (commit " FUSEBOX_COMMIT
                        ", " FUSEBOX_BUILD_TYPE " build)");
   app.footer(kFooter);
-  app.add_option("--server", server, "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051)");
-  app.add_option("--token", token, "bearer token for a server with a token file (default: $FUSEBOX_TOKEN)");
-  app.add_flag("--tls", tls, "speak TLS, trusting the system's CA certificates (implied by the next three)");
-  app.add_option("--tls_ca", tls_ca, "PEM CA certificate(s) to trust for the server's certificate (default: $FUSEBOX_TLS_CA)");
-  app.add_option("--tls_cert", tls_cert, "mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)");
-  app.add_option("--tls_key", tls_key, "mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)");
-  app.add_option("--tls_server_name", tls_server_name,
-                 "the name the server's certificate must carry, when it is not the host in --server");
+  conn.AddTo(&app, "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051)");
   app.add_option("--op", op_name, "gelu | softmax | rowsum | matmul_relu")->capture_default_str();
   app.add_option("--dtype", dtype_name, "float32 | float16 | bfloat16")->capture_default_str();
   app.add_option("--shape", shape_arg, "the input's shape, e.g. 64x1024; matmul_relu: MxKxN")
@@ -172,7 +162,8 @@ int main(int argc, char** argv) {
     return 2;
   };
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> words = fc::WordsForCli11(argc, argv);
+    app.parse(words);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
@@ -203,22 +194,15 @@ int main(int argc, char** argv) {
   } else {
     counts.push_back(callers);
   }
-  if (tls_cert.empty() != tls_key.empty()) {
-    return usage("--tls_cert and --tls_key come together (mTLS), or neither");
-  }
+  if (const std::string m = conn.Mistake(); !m.empty()) return usage(m);
   // The table goes to stderr when stdout carries the JSON or CSV.
   FILE* table_out = (json_path == "-" || csv_path == "-") ? stderr : stdout;
 
   fc::Client::Options copts;
-  copts.auth_token = token;
   copts.default_timeout = std::chrono::milliseconds(timeout_ms);
-  if (tls || !tls_ca.empty() || !tls_cert.empty() || !tls_server_name.empty()) {
-    absl::Status st = fc::LoadTlsFiles(tls_ca, tls_cert, tls_key, &copts.tls);
-    if (!st.ok()) {
-      std::fprintf(stderr, "fusebox-perf: %s\n", st.ToString().c_str());
-      return 1;
-    }
-    copts.tls.server_name = tls_server_name;
+  if (absl::Status st = conn.ApplyTo(&copts); !st.ok()) {
+    std::fprintf(stderr, "fusebox-perf: %s\n", st.ToString().c_str());
+    return 1;
   }
   // A channel of its own per caller: gRPC shares a connection among channels with equal
   // arguments, which would put every caller on one TCP connection.
