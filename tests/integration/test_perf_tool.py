@@ -1,6 +1,7 @@
 """fusebox-perf against a real CPU fusebox-server on a free port: a short closed-loop sweep and
 an open-loop run, each checked through the --json report (every field there, every call
-answered, no errors) and the CSV; bad command lines exit 2."""
+answered, no errors) and the CSV; --token reaches a server with a token file; bad command
+lines exit 2."""
 import csv
 import io
 import json
@@ -18,9 +19,8 @@ QUANTILES = ["p50", "p90", "p99", "p99.9"]
 PHASES = ["queue_us", "copy_in_us", "launch_us", "kernel_us", "copy_out_us", "total_us"]
 
 
-@pytest.fixture(scope="module")
-def server():
-    proc = subprocess.Popen([SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu"],
+def serve(*flags):
+    proc = subprocess.Popen([SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()
@@ -34,6 +34,11 @@ def server():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve()
 
 
 def perf(server, *args):
@@ -94,6 +99,20 @@ def test_failed_calls_are_counted_by_grpc_code_and_fail_the_run(server):
     assert r.returncode == 1
     (run,) = json.loads(r.stdout)["runs"]
     assert run["ok"] == 0 and run["errors"] == {"DEADLINE_EXCEEDED": run["calls"]}
+
+
+def test_the_token_reaches_the_server(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("s3cret alice\n")
+    for address in serve(f"--token_file={tokens}"):
+        args = ("--duration_s", "0.3", "--warmup_s", "0", "--json", "-")
+        r = perf(address, "--token", "s3cret", *args)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["runs"][0]["errors"] == {}
+        r = perf(address, "--token", "wrong", *args)
+        assert r.returncode == 1
+        (run,) = json.loads(r.stdout)["runs"]
+        assert run["ok"] == 0 and list(run["errors"]) == ["UNAUTHENTICATED"]
 
 
 @pytest.mark.parametrize("args", [["--op", "conv"], ["--shape", "4x"], ["--dtype", "int8"],
