@@ -9,7 +9,7 @@
 // (through fusebox_client, what users link) against fusebox-rpc-echo (plain gRPC, the same
 // library and build flags) echoing the same number of bytes, unary and over a bidirectional
 // stream. Every caller has a connection of its own (a channel with its own subchannel pool).
-// Each round measures, per caller count, the three targets back to back in an order that
+// Per caller count, each round measures the three targets back to back in an order that
 // rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
 // is the median ratio over the rounds with a distribution-free 95% interval (order
 // statistics of the rounds; client/cpp/loadgen.h).
@@ -215,9 +215,12 @@ int RunFloor(const FloorOptions& o) {
   struct Stat { double p50, p99, rate; };
   std::vector<std::vector<std::vector<Stat>>> stats(
       kTargets, std::vector<std::vector<Stat>>(o.callers.size()));
-  for (int r = 0; r < o.rounds; ++r) {
-    for (size_t ci = 0; ci < o.callers.size(); ++ci) {
-      first_count = ci == 0;
+  // Caller counts in the order given, all rounds of one before the next: a server's latency at
+  // one caller is higher for a while after a burst of many (fusebox's is), and the first count
+  // is the latency measurement, so no round of it follows a larger count.
+  for (size_t ci = 0; ci < o.callers.size(); ++ci) {
+    first_count = ci == 0;
+    for (int r = 0; r < o.rounds; ++r) {
       for (int k = 0; k < kTargets; ++k) {
         const Target t = static_cast<Target>((k + r) % kTargets);
         load::Result res = load::ClosedLoop(o.callers[ci], o.warmup_seconds, o.round_seconds,
@@ -230,7 +233,7 @@ int RunFloor(const FloorOptions& o) {
                                 load::Percentile(res.latency_us, 0.99), res.calls_per_s()});
       }
     }
-    std::fprintf(stderr, "fusebox-rpc-bench: round %d of %d done\n", r + 1, o.rounds);
+    std::fprintf(stderr, "fusebox-rpc-bench: %d callers done\n", o.callers[ci]);
   }
   for (auto& e : echo) {
     if (!e.stream) continue;

@@ -93,8 +93,9 @@ if [[ "$mode" == floor ]]; then
   echo "- echo: fusebox-rpc-echo (callback server, same gRPC and build flags), 127.0.0.1 loopback"
   echo "- client: \`${b[*]}\` (C++ sync calls; a connection of its own per caller;"
   echo "  fusebox through fusebox_client, the echo through generated sync stubs)"
-  echo "- each round runs, per caller count, the three targets back to back (order rotating by"
-  echo "  round); the target columns are medians over rounds; a ratio is fusebox / echo per"
+  echo "- per caller count (all rounds of one before the next), each round runs the three"
+  echo "  targets back to back (order rotating by round); the target columns are medians over"
+  echo "  rounds; a ratio is fusebox / echo per"
   echo "  round, its median over rounds and a distribution-free 95% interval (order statistics)."
   echo "  Latency ratio > 1: fusebox slower; calls/s ratio < 1: fusebox serves fewer."
   echo
