@@ -18,13 +18,14 @@ FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu24.04 AS build
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake file libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev \
       protobuf-compiler libssl-dev prometheus-cpp-dev libabsl-dev libgtest-dev libgmock-dev libopenblas-dev \
+      libcli11-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DFUSEBOX_TESTS=OFF -DFUSEBOX_BENCH=OFF -DFUSEBOX_CUDA=ON \
-    && cmake --build build -j"$(nproc)" --target fusebox-server fusebox_cuda_backend fusebox \
+    && cmake --build build -j"$(nproc)" --target fusebox-server fusebox_cuda_backend fusebox fusebox-perf \
     && BUNDLE_GZIP=0 tools/gpu/device_bundle.sh build/server/fusebox-server build/server/libfusebox_cuda_backend.so \
-       build/client/fusebox \
+       build/client/fusebox build/client/fusebox-perf \
     && mkdir -p /opt/fusebox && cp -r .bundle/bin .bundle/lib /opt/fusebox/
 
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04

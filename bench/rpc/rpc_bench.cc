@@ -4,7 +4,17 @@
 // is reached, and prints one Markdown table row: client latency p50/p99, calls/s,
 // payload GB/s, and the server's own median total/kernel time (the difference is
 // the RPC path: serialization, copies, transport).
+//
+// --floor measures the RPC-path floor instead: fusebox's inline GeLU of one payload size
+// (through fusebox_client, what users link) against fusebox-rpc-echo (plain gRPC, the same
+// library and build flags) echoing the same number of bytes, unary and over a bidirectional
+// stream. Every caller has a connection of its own (a channel with its own subchannel pool).
+// Per caller count, each round measures the three targets back to back in an order that
+// rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
+// is the median ratio over the rounds with a distribution-free 95% interval (order
+// statistics of the rounds; client/cpp/loadgen.h).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -15,9 +25,14 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "client/cpp/fusebox_client.h"
+#include "client/cpp/loadgen.h"
+#include "echo.grpc.pb.h"
 
 namespace fc = fusebox::client;
+namespace load = fusebox::client::load;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -41,6 +56,17 @@ usage: fusebox-rpc-bench --server HOST:PORT [options]
   --channel_arg K=V    extra integer gRPC channel argument (repeatable),
                        e.g. grpc.http2.lookahead_bytes=16777216
 Prints a Markdown table: one row per case.
+
+usage: fusebox-rpc-bench --floor --server HOST:PORT --echo HOST:PORT [options]
+  fusebox's inline GeLU against fusebox-rpc-echo (plain gRPC) at the same request size
+  --floor_bytes SIZE   request payload (default 4KiB)
+  --floor_callers LIST caller counts, each run per target per round (default 1,8,16,64);
+                       latency p50/p99 are reported for the first, calls/s for every one
+  --rounds N           rounds (default 10; 6 or more for a 95% interval)
+  --round_seconds S    measured seconds per target, caller count and round (default 0.5)
+  --warmup_seconds S   before each of those (default 0.1 here)
+Prints a Markdown table: each target's medians over the rounds, and fusebox's ratio to
+each echo with its 95% interval.
 )";
 
 int64_t ParseSize(std::string s) {
@@ -70,18 +96,202 @@ std::vector<std::string> Split(const std::string& s, char sep) {
   return out;
 }
 
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
-
 struct Case {
   int64_t bytes;
   int callers;
   fc::RequestPath path;
 };
+
+
+// The floor mode: see the file's header.
+struct FloorOptions {
+  std::string fusebox, echo;
+  int64_t bytes = 4096;
+  std::vector<int> callers = {1, 8, 16, 64};
+  int rounds = 10;
+  double round_seconds = 0.5, warmup_seconds = 0.1;
+};
+
+// A channel that shares no connection with any other (gRPC reuses a connection among channels
+// whose arguments are equal, unless each has its own subchannel pool).
+std::shared_ptr<grpc::Channel> OwnChannel(const std::string& target) {
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+int RunFloor(const FloorOptions& o) {
+  using fusebox::bench::Blob;
+  using fusebox::bench::Echo;
+  const int most = *std::max_element(o.callers.begin(), o.callers.end());
+  const auto ready = std::chrono::system_clock::now() + std::chrono::seconds(10);
+
+  // fusebox: one Client per caller, float32 GeLU of bytes / 4 elements, sent inline.
+  fc::Client::Options copts;
+  copts.channel_args.emplace_back("grpc.use_local_subchannel_pool", 1);
+  copts.default_timeout = std::chrono::milliseconds(60000);
+  std::vector<std::unique_ptr<fc::Client>> fb;
+  std::vector<fc::OpResult> fb_results(static_cast<size_t>(most));
+  for (int i = 0; i < most; ++i) {
+    fb.push_back(fc::Client::Create(o.fusebox, copts));
+    if (!fb.back()->WaitForReady(std::chrono::seconds(10))) {
+      std::fprintf(stderr, "fusebox-rpc-bench: cannot connect to %s\n", o.fusebox.c_str());
+      return 1;
+    }
+  }
+  std::vector<float> values(static_cast<size_t>(o.bytes / 4));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 64) / 8.0f - 4.0f;
+  const fc::HostTensor in =
+      fc::HostTensor::FromFloats(fusebox::DType::kFloat32, {static_cast<int64_t>(values.size())}, values);
+
+  // The echo: a stub per caller for unary calls, another channel per caller for its stream.
+  Blob request;
+  request.set_data(in.data);  // the same bytes as fusebox's payload
+  struct EchoCaller {
+    std::unique_ptr<Echo::Stub> unary, streaming;
+    Blob response;
+    std::unique_ptr<grpc::ClientContext> stream_ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<Blob, Blob>> stream;
+  };
+  std::vector<EchoCaller> echo(static_cast<size_t>(most));
+  for (auto& e : echo) {
+    auto u = OwnChannel(o.echo), st = OwnChannel(o.echo);
+    if (!u->WaitForConnected(ready) || !st->WaitForConnected(ready)) {
+      std::fprintf(stderr, "fusebox-rpc-bench: cannot connect to %s\n", o.echo.c_str());
+      return 1;
+    }
+    e.unary = Echo::NewStub(u);
+    e.streaming = Echo::NewStub(st);
+  }
+
+  enum Target { kFusebox, kEchoUnary, kEchoStream, kTargets };
+  const char* kNames[kTargets] = {"fusebox GeLU (fusebox_client)", "echo unary", "echo stream"};
+  std::atomic<bool> failed{false};
+  std::string error;
+  std::mutex error_mu;
+  auto fail = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(error_mu);
+    if (!failed.exchange(true)) error = what;
+    return 1;
+  };
+  // The server's own Timing at the first caller count (per caller: total, queue, kernel), to
+  // tell the server's part of fusebox's round trip from the RPC path's.
+  std::vector<std::array<std::vector<double>, 3>> server_us(static_cast<size_t>(most));
+  bool first_count = true;
+  auto call = [&](Target t, int c, bool measured) -> int {
+    const size_t i = static_cast<size_t>(c);
+    switch (t) {
+      case kFusebox: {
+        const absl::Status st = fb[i]->Call(fc::Op::kGelu, {in}, &fb_results[i]);
+        if (!st.ok()) return fail("fusebox: " + st.ToString());
+        if (measured && first_count) {
+          const fc::Timing& tm = fb_results[i].timing;
+          server_us[i][0].push_back(tm.total_us);
+          server_us[i][1].push_back(tm.queue_us);
+          server_us[i][2].push_back(tm.kernel_us);
+        }
+        return 0;
+      }
+      case kEchoUnary: {
+        grpc::ClientContext ctx;
+        const grpc::Status st = echo[i].unary->Unary(&ctx, request, &echo[i].response);
+        return st.ok() ? 0 : fail("echo: " + st.error_message());
+      }
+      default: {
+        EchoCaller& e = echo[i];
+        if (!e.stream) {
+          e.stream_ctx = std::make_unique<grpc::ClientContext>();
+          e.stream = e.streaming->Stream(e.stream_ctx.get());
+        }
+        if (!e.stream->Write(request) || !e.stream->Read(&e.response)) return fail("echo stream broke");
+        return 0;
+      }
+    }
+  };
+
+  // stats[target][caller count index][round]: p50, p99 (us) and calls/s.
+  struct Stat { double p50, p99, rate; };
+  std::vector<std::vector<std::vector<Stat>>> stats(
+      kTargets, std::vector<std::vector<Stat>>(o.callers.size()));
+  // Caller counts in the order given, all rounds of one before the next: a server's latency at
+  // one caller is higher for a while after a burst of many (fusebox's is), and the first count
+  // is the latency measurement, so no round of it follows a larger count.
+  for (size_t ci = 0; ci < o.callers.size(); ++ci) {
+    first_count = ci == 0;
+    for (int r = 0; r < o.rounds; ++r) {
+      for (int k = 0; k < kTargets; ++k) {
+        const Target t = static_cast<Target>((k + r) % kTargets);
+        load::Result res = load::ClosedLoop(o.callers[ci], o.warmup_seconds, o.round_seconds,
+                                            [&](int c, bool measured) { return call(t, c, measured); });
+        if (failed) {
+          std::fprintf(stderr, "fusebox-rpc-bench: call failed: %s\n", error.c_str());
+          return 1;
+        }
+        stats[t][ci].push_back({load::Percentile(res.latency_us, 0.5),
+                                load::Percentile(res.latency_us, 0.99), res.calls_per_s()});
+      }
+    }
+    std::fprintf(stderr, "fusebox-rpc-bench: %d callers done\n", o.callers[ci]);
+  }
+  for (auto& e : echo) {
+    if (!e.stream) continue;
+    e.stream->WritesDone();
+    (void)e.stream->Finish();
+  }
+
+  // One row per metric: each target's median over the rounds, then fusebox's per-round ratio
+  // to each echo (median [95% interval]).
+  auto median = [](std::vector<double> v) { return load::MedianWithInterval(std::move(v)).median; };
+  auto ratio_cell = [](std::vector<double> ratios) {
+    const load::MedianInterval m = load::MedianWithInterval(std::move(ratios));
+    char buf[96];
+    if (m.ok) std::snprintf(buf, sizeof buf, "%.2f [%.2f, %.2f]", m.median, m.lo, m.hi);
+    else std::snprintf(buf, sizeof buf, "%.2f [too few rounds]", m.median);
+    return std::string(buf);
+  };
+  std::printf("| metric | %s | %s | %s | fusebox / echo unary | fusebox / echo stream |\n",
+              kNames[kEchoUnary], kNames[kEchoStream], kNames[kFusebox]);
+  std::printf("|---|---|---|---|---|---|\n");
+  auto row = [&](const std::string& name, size_t ci, double Stat::*field) {
+    std::vector<double> med(kTargets);
+    for (int t = 0; t < kTargets; ++t) {
+      std::vector<double> v;
+      for (const Stat& st : stats[t][ci]) v.push_back(st.*field);
+      med[t] = median(v);
+    }
+    std::string cells[2];
+    for (int e = 0; e < 2; ++e) {
+      const Target other = e == 0 ? kEchoUnary : kEchoStream;
+      std::vector<double> ratios;
+      for (size_t r = 0; r < stats[kFusebox][ci].size(); ++r) {
+        ratios.push_back(stats[kFusebox][ci][r].*field / stats[other][ci][r].*field);
+      }
+      cells[e] = ratio_cell(ratios);
+    }
+    const char* fmt = field == &Stat::rate ? "| %s | %.0f | %.0f | %.0f | %s | %s |\n"
+                                           : "| %s | %.1f | %.1f | %.1f | %s | %s |\n";
+    std::printf(fmt, name.c_str(), med[kEchoUnary], med[kEchoStream], med[kFusebox],
+                cells[0].c_str(), cells[1].c_str());
+  };
+  const std::string one = std::to_string(o.callers[0]) + (o.callers[0] == 1 ? " caller" : " callers");
+  row("p50 us, " + one, 0, &Stat::p50);
+  row("p99 us, " + one, 0, &Stat::p99);
+  for (size_t ci = 0; ci < o.callers.size(); ++ci) {
+    row("calls/s, " + std::to_string(o.callers[ci]) + (o.callers[ci] == 1 ? " caller" : " callers"),
+        ci, &Stat::rate);
+  }
+  std::vector<double> phase[3];
+  for (const auto& per : server_us) {
+    for (int k = 0; k < 3; ++k) phase[k].insert(phase[k].end(), per[k].begin(), per[k].end());
+  }
+  std::printf("\nfusebox server's own Timing at %s, median over every measured call: total_us %.1f "
+              "(queue_us %.1f, kernel_us %.1f)\n",
+              one.c_str(), load::Percentile(phase[0], 0.5), load::Percentile(phase[1], 0.5),
+              load::Percentile(phase[2], 0.5));
+  return 0;
+}
 
 }  // namespace
 
@@ -92,6 +302,8 @@ int main(int argc, char** argv) {
   int channels = 1;
   bool reuse_output = true, header = true, phases = false;
   std::vector<std::pair<std::string, int>> channel_args;
+  bool floor = false, warmup_set = false;
+  FloorOptions fo;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
     const auto eq = a.find('=');
@@ -108,17 +320,34 @@ int main(int argc, char** argv) {
     else if (a == "--min_calls") min_calls = std::atoll(v.c_str());
     else if (a == "--max_calls") max_calls = std::atoll(v.c_str());
     else if (a == "--max_seconds") max_seconds = std::atof(v.c_str());
-    else if (a == "--warmup_seconds") warmup_seconds = std::atof(v.c_str());
+    else if (a == "--warmup_seconds") { warmup_seconds = std::atof(v.c_str()); warmup_set = true; }
     else if (a == "--channels") channels = std::max(1, std::atoi(v.c_str()));
     else if (a == "--dtype") dtype_arg = v;
     else if (a == "--output_buffer") reuse_output = v != "fresh";
     else if (a == "--no_header") { header = false; if (eq == std::string::npos && !v.empty()) --i; }
     else if (a == "--phases") { phases = true; if (eq == std::string::npos && !v.empty()) --i; }
+    else if (a == "--floor") { floor = true; if (eq == std::string::npos && !v.empty()) --i; }
+    else if (a == "--echo") fo.echo = v;
+    else if (a == "--floor_bytes") fo.bytes = ParseSize(v);
+    else if (a == "--rounds") fo.rounds = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--round_seconds") fo.round_seconds = std::atof(v.c_str());
+    else if (a == "--floor_callers") {
+      fo.callers.clear();
+      for (const auto& c : Split(v, ',')) fo.callers.push_back(std::max(1, std::atoi(c.c_str())));
+      if (fo.callers.empty()) { std::fprintf(stderr, "bad --floor_callers\n"); return 2; }
+    }
     else if (a == "--channel_arg" && v.find('=') != std::string::npos)
       channel_args.emplace_back(v.substr(0, v.find('=')), std::atoi(v.c_str() + v.find('=') + 1));
     else { std::fprintf(stderr, "fusebox-rpc-bench: unknown option %s\n%s", a.c_str(), kUsage); return 2; }
   }
   if (server.empty()) { std::fprintf(stderr, "fusebox-rpc-bench: --server is required\n%s", kUsage); return 2; }
+  if (floor) {
+    if (fo.echo.empty()) { std::fprintf(stderr, "fusebox-rpc-bench: --floor needs --echo\n%s", kUsage); return 2; }
+    if (fo.bytes < 4 || fo.bytes % 4 != 0) { std::fprintf(stderr, "--floor_bytes: a multiple of 4\n"); return 2; }
+    fo.fusebox = server;
+    fo.warmup_seconds = warmup_set ? warmup_seconds : 0.1;
+    return RunFloor(fo);
+  }
   fusebox::DType dtype;
   if (!fc::ParseDType(dtype_arg, &dtype)) { std::fprintf(stderr, "bad --dtype\n"); return 2; }
 
@@ -234,11 +463,11 @@ int main(int argc, char** argv) {
                 HumanSize(cs.bytes).c_str(), cs.callers,
                 cs.path == fc::RequestPath::kZeroCopy ? "zerocopy" : "protobuf",
                 reuse_output ? "reused" : "fresh", lat.size(),
-                Percentile(lat, 0.5), Percentile(lat, 0.99),
+                load::Percentile(lat, 0.5), load::Percentile(lat, 0.99),
                 [&] { double s = 0; for (double v : lat) s += v; return s / std::max(1.0, calls); }(),
-                calls / wall, gbs_in, 2 * gbs_in, Percentile(series[1], 0.5), Percentile(series[2], 0.5));
+                calls / wall, gbs_in, 2 * gbs_in, load::Percentile(series[1], 0.5), load::Percentile(series[2], 0.5));
     if (phases) {
-      for (int k = 3; k < kSeries; ++k) std::printf(" %.1f |", Percentile(series[k], 0.5));
+      for (int k = 3; k < kSeries; ++k) std::printf(" %.1f |", load::Percentile(series[k], 0.5));
     }
     std::printf("\n");
     std::fflush(stdout);

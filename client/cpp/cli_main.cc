@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "client/cpp/connection_flags.h"
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/npy.h"
 #include "fusebox/version.h"
@@ -103,16 +104,10 @@ int Fail(const absl::Status& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string server = std::getenv("FUSEBOX_SERVER") ? std::getenv("FUSEBOX_SERVER") : "localhost:50051";
-  std::string token = std::getenv("FUSEBOX_TOKEN") ? std::getenv("FUSEBOX_TOKEN") : "";
-  auto env = [](const char* name) {
-    return std::string(std::getenv(name) != nullptr ? std::getenv(name) : "");
-  };
-  std::string tls_ca = env("FUSEBOX_TLS_CA"), tls_cert = env("FUSEBOX_TLS_CERT"),
-              tls_key = env("FUSEBOX_TLS_KEY"), tls_server_name;
+  fc::ConnectionFlags conn = fc::ConnectionFlags::FromEnvironment();
+  const std::string& server = conn.server;
   std::string output, dtype_name, impl_name = "default";
-  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, tls = false,
-       progress = false;
+  bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, progress = false;
   long chunk_mib = 4;
   long timeout_ms = 60000;
   std::vector<std::string> inputs;
@@ -123,17 +118,10 @@ int main(int argc, char** argv) {
   app.footer(kFooter);
   app.require_subcommand(1);
   app.fallthrough();  // the connection options may also follow the subcommand
-  app.add_option("--server", server,
-                 "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051); several "
-                 "replicas without a proxy: ID=HOST:PORT,ID=HOST:PORT (calls naming a handle go "
-                 "to the replica ID it starts with)");
-  app.add_option("--token", token, "bearer token for a server with a token file (default: $FUSEBOX_TOKEN)");
-  app.add_flag("--tls", tls, "speak TLS, trusting the system's CA certificates (implied by the next three)");
-  app.add_option("--tls_ca", tls_ca, "PEM CA certificate(s) to trust for the server's certificate (default: $FUSEBOX_TLS_CA)");
-  app.add_option("--tls_cert", tls_cert, "mTLS: PEM client certificate, with --tls_key (default: $FUSEBOX_TLS_CERT)");
-  app.add_option("--tls_key", tls_key, "mTLS: its PEM private key (default: $FUSEBOX_TLS_KEY)");
-  app.add_option("--tls_server_name", tls_server_name,
-                 "the name the server's certificate must carry, when it is not the host in --server");
+  conn.AddTo(&app,
+             "HOST:PORT or unix:PATH (default: $FUSEBOX_SERVER, else localhost:50051); several "
+             "replicas without a proxy: ID=HOST:PORT,ID=HOST:PORT (calls naming a handle go "
+             "to the replica ID it starts with)");
   app.add_option("--timeout_ms", timeout_ms, "deadline for the call")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -186,19 +174,8 @@ int main(int argc, char** argv) {
   app.add_subcommand("list", "list the tensors this caller holds");
   app.add_subcommand("health", "print SERVING / NOT_SERVING; exit 0 only when SERVING");
 
-  // `--tls_ca=` (empty) overrides its variable; CLI11 would take the next word as its value,
-  // so it becomes `--tls_ca ""`. CLI11 takes the words last first.
-  std::vector<std::string> words;
-  for (int i = 1; i < argc; ++i) {
-    std::string w = argv[i];
-    if (w.size() > 3 && w.rfind("--", 0) == 0 && w.find('=') == w.size() - 1) {
-      words.push_back(w.substr(0, w.size() - 1));
-      words.emplace_back();
-    } else {
-      words.push_back(std::move(w));
-    }
-  }
-  std::reverse(words.begin(), words.end());
+  // `--tls_ca=` (empty) overrides its variable.
+  std::vector<std::string> words = fc::WordsForCli11(argc, argv);
   try {
     app.parse(words);
   } catch (const CLI::CallForHelp& e) {
@@ -232,15 +209,8 @@ int main(int argc, char** argv) {
   else return Usage("unknown --impl '" + impl_name + "'");
 
   fc::Client::Options copts;
-  copts.auth_token = token;
-  if (tls_cert.empty() != tls_key.empty()) {
-    return Usage("--tls_cert and --tls_key come together (mTLS), or neither");
-  }
-  if (tls || !tls_ca.empty() || !tls_cert.empty() || !tls_server_name.empty()) {
-    absl::Status st = fc::LoadTlsFiles(tls_ca, tls_cert, tls_key, &copts.tls);
-    if (!st.ok()) return Fail(st);
-    copts.tls.server_name = tls_server_name;
-  }
+  if (const std::string m = conn.Mistake(); !m.empty()) return Usage(m);
+  if (absl::Status st = conn.ApplyTo(&copts); !st.ok()) return Fail(st);
   // Several servers, "ID=HOST:PORT,...": a call naming a handle goes to the replica whose id
   // starts it, the rest to the first (a single call has no turn to take).
   std::unique_ptr<fc::Router> router;

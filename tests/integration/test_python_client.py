@@ -13,9 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-# The servers these tests start are forked with a preexec_fn (to die with pytest). grpcio from
-# PyPI (1.85 here; not Debian's 1.51) runs fork handlers in such children that abort some of
-# them (10 in 300). The children run no gRPC, so the handlers go, before grpc is imported.
+# The servers these tests start are forked from this multi-threaded process. grpcio from PyPI
+# (1.85 here; not Debian's 1.51) runs fork handlers in such children that abort some of them
+# (10 in 300). The children run no gRPC, so the handlers go, before grpc is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import grpc
@@ -33,23 +33,22 @@ DTYPES = ["float32", "float16", "bfloat16"]
 TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
-def _die_with_parent():
-    """In the child before exec: SIGKILL when pytest dies (a ctest timeout leaves no server)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Prefixes a command so that it gets SIGKILL when pytest dies (a ctest timeout leaves no
+# server): util-linux's setpriv sets PR_SET_PDEATHSIG and execs it. Not a preexec_fn: Python
+# code between fork and exec in a multi-threaded process can deadlock on a lock another thread
+# held at the fork (seen: the import lock, a server start hung in _execute_child under load).
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 class Server:
-    """A fusebox-server child process; always killed by stop()/kill(), or with pytest."""
+    """A fusebox-server child process; always killed by stop()/kill(), or with pytest.
+    ``limits``: prlimit(1) options for it, e.g. "--nofile=256:256"."""
 
-    def __init__(self, *flags, preexec_fn=None, stderr=None):
-        def setup():
-            _die_with_parent()
-            if preexec_fn is not None:
-                preexec_fn()
+    def __init__(self, *flags, limits=(), stderr=None):
+        prefix = DIE_WITH_PARENT + (["prlimit", *limits, "--"] if limits else [])
         self.proc = subprocess.Popen(
-            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr, preexec_fn=setup)
+            prefix + [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()), daemon=True)
         reader.start()
@@ -664,8 +663,7 @@ def test_a_flood_of_idle_connections_past_the_descriptor_limit_loses_nothing():
     # (here the server is held to 256). The connection limit keeps it below that (93 here):
     # the flood's surplus is closed at once, the server stays up with its tensors, and serves
     # once the flood ends.
-    import resource
-    s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
+    s = Server(limits=["--nofile=256:256"])
     socks = []
     try:
         with Client(s.address) as c:  # kept past this client: another downloads it
@@ -830,9 +828,8 @@ def test_server_refuses_out_of_range_flags_before_starting(flag, says):
 
 def test_a_unix_socket_address_is_served_and_announced_as_given(tmp_path):
     path = tmp_path / "fusebox.sock"
-    proc = subprocess.Popen([SERVER_BIN, f"--address=unix:{path}", "--backend=cpu"],
-                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(DIE_WITH_PARENT + [SERVER_BIN, f"--address=unix:{path}", "--backend=cpu"],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
         line = proc.stdout.readline().decode()
         assert f"listening on unix:{path} " in line, line
@@ -959,7 +956,6 @@ def test_a_second_signal_during_the_notice_is_absorbed():
 @pytest.mark.skipif(bool(os.environ.get("FUSEBOX_SANITIZE")),
                     reason="a sanitizer's operator new aborts instead of throwing std::bad_alloc")
 def test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_goes_on():
-    import resource
     from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
     probe = Server()
     try:
@@ -968,7 +964,7 @@ def test_an_output_the_host_cannot_allocate_is_resource_exhausted_and_serving_go
     finally:
         probe.stop()
     limit = vm + (512 << 20)  # the server's address space at rest, and 512 MiB more
-    s = Server(preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    s = Server(limits=[f"--as={limit}:{limit}"])
     try:
         # An outer product of [16384, 1] and [1, 16384]: 128 KiB in, 1 GiB out, inline.
         n = 1 << 14

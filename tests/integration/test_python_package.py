@@ -15,9 +15,9 @@ import os
 import time
 from typing import Any, Iterator, List, Tuple
 
-# The servers these tests start are forked with a preexec_fn (to die with pytest). grpcio from
-# PyPI (1.85 here; not Debian's 1.51) runs fork handlers in such children that abort some of
-# them (10 in 300). The children run no gRPC, so the handlers go, before grpc is imported.
+# The servers these tests start are forked from this multi-threaded process. grpcio from PyPI
+# (1.85 here; not Debian's 1.51) runs fork handlers in such children that abort some of them
+# (10 in 300). The children run no gRPC, so the handlers go, before grpc is imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 import numpy as np

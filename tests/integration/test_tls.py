@@ -66,9 +66,10 @@ def pki():
 
 # --- the server -------------------------------------------------------------------------------
 
-def _die_with_parent():
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# SIGKILL for the servers when pytest dies (util-linux's setpriv sets PR_SET_PDEATHSIG and
+# execs them): not a preexec_fn, which can deadlock in a multi-threaded process (a server start
+# hung in _execute_child under load).
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 class Server:
@@ -78,9 +79,8 @@ class Server:
         self.log_path = Path(tempfile.mkstemp(prefix="fusebox-server-", suffix=".log", dir=tmp)[1])
         self.log_file = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-            stdout=subprocess.PIPE, stderr=self.log_file, stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)
+            DIE_WITH_PARENT + [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
+            stdout=subprocess.PIPE, stderr=self.log_file, stdin=subprocess.DEVNULL)
         line = []
         reader = threading.Thread(target=lambda: line.append(self.proc.stdout.readline()),
                                   daemon=True)
@@ -421,8 +421,8 @@ def test_bad_tls_flags_stop_the_server_with_status_2(pki, tmp_path, case):
         "not_pem": ([f"--tls_cert={junk}", f"--tls_key={s1.key}"], "not a PEM certificate"),
         "reload_0": (tls_flags(s1, reload_s=0), "--tls_reload_s must be in 1..86400"),
     }[case]
-    r = subprocess.run([SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
-                       capture_output=True, text=True, timeout=30, preexec_fn=_die_with_parent)
+    r = subprocess.run(DIE_WITH_PARENT + [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", *flags],
+                       capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert want in r.stderr, r.stderr
     assert "listening" not in r.stdout

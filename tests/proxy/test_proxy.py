@@ -34,10 +34,10 @@ TENANTS = {"tok-alice": "alice", "tok-bob": "bob", "tok-carol": "carol", "tok-da
 REPLICAS = ["fusebox-0", "fusebox-1", "fusebox-2"]
 
 
-def _die_with_parent():
-    """In the child before exec: SIGKILL when pytest dies (a ctest timeout leaves nothing)."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# SIGKILL for the servers and the proxy when pytest dies (util-linux's setpriv sets
+# PR_SET_PDEATHSIG and execs them): not a preexec_fn, which can deadlock in a multi-threaded
+# process.
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"]
 
 
 def _free_port():
@@ -52,10 +52,9 @@ class Server:
     def __init__(self, replica, token_file, flags=()):
         self.replica = replica
         self.proc = subprocess.Popen(
-            [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", f"--replica_id={replica}",
+            DIE_WITH_PARENT + [SERVER_BIN, "--address=127.0.0.1:0", "--backend=cpu", f"--replica_id={replica}",
              f"--token_file={token_file}", "--drain_seconds=20", "--workers=2", *flags],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent)
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         line = self.proc.stdout.readline().decode()
         m = re.search(r"listening on (\S+):(\d+)", line)
         if not m:
@@ -124,10 +123,9 @@ class Cluster:
         env.update(FUSEBOX_PROXY_BIND=self.proxy_address, FUSEBOX_PROXY_STATS=self.stats_address)
         for i, r in enumerate(REPLICAS):
             env[f"FUSEBOX_REPLICA_{i}"] = self.servers[r].address
-        self.proxy = subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], env=env,
+        self.proxy = subprocess.Popen(DIE_WITH_PARENT + [HAPROXY, "-db", "-f", str(CONFIG)], env=env,
                                       stdin=subprocess.DEVNULL, stdout=open(tmp / "haproxy.log", "wb"),
-                                      stderr=subprocess.STDOUT,
-                                      preexec_fn=_die_with_parent)
+                                      stderr=subprocess.STDOUT)
         _wait_for(self._settled, what="HAProxy to see every replica up and the empty slots down")
 
     def _settled(self):
