@@ -992,12 +992,15 @@ TEST_F(ServiceTest, AnUploadsFirstMessageSentSlowlyOutlivesTheStallTimeout) {
 
 TEST_F(ServiceTest, AnUploadsLaterMessageLargerThanAnyBeforeOutlivesTheStallTimeout) {
   ServerOptions o;
-  o.stall_timeout_seconds = 0.3;  // the next message may take 0.3 s + 1 s per MiB still missing
+  // The next message may take 1 s + 1 s per MiB still missing (4 s); the timeout alone would
+  // cancel it. (A longer timeout than other tests': the reply must also reach the client within
+  // it, and under a sanitizer on a loaded machine 0.3 s was not always enough.)
+  o.stall_timeout_seconds = 1.0;
   StartServer(o);
-  PausableProxy proxy(server_->port(), 0, /*client_bytes_per_second=*/4 << 20);
+  PausableProxy proxy(server_->port(), 0, /*client_bytes_per_second=*/2 << 20);
   ASSERT_GT(proxy.port(), 0);
   auto stub = StubWithoutBdpProbing(proxy.port());
-  const int64_t n = (3 << 20) / 4 + 1024;  // 4 KiB with the header, then 3 MiB: about 0.75 s
+  const int64_t n = (3 << 20) / 4 + 1024;  // 4 KiB with the header, then 3 MiB: about 1.5 s
   const auto a = RandomFloats(n);
   auto ctx = Ctx();
   v1::UploadResponse resp;
@@ -1014,7 +1017,7 @@ TEST_F(ServiceTest, AnUploadsLaterMessageLargerThanAnyBeforeOutlivesTheStallTime
   w->WritesDone();
   const grpc::Status s = w->Finish();
   ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(600));  // slow
+  EXPECT_GT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1200));  // slow
   std::string back;
   ASSERT_TRUE(Download(resp.tensor().handle(), &back).ok());
   EXPECT_EQ(back, std::string(a.begin(), a.end()));
