@@ -134,8 +134,10 @@ class Freer:
     """Frees handles for one client. ``free_later`` must not block (it may run in a garbage
     collection, on any thread); ``closed`` makes every later free a no-op."""
 
-    def __init__(self, free_later: Callable[[str], None]) -> None:
+    def __init__(self, free_later: Callable[[str], None],
+                 free_now: Optional[Callable[[str], None]] = None) -> None:
         self._free_later = free_later
+        self._free_now = free_now
         self._lock = threading.Lock()
         self.closed = False
         self.live: "weakref.WeakSet[Handle]" = weakref.WeakSet()
@@ -145,6 +147,17 @@ class Freer:
             try:
                 self._free_later(handle_id)
             except Exception:  # a finaliser has no caller to tell
+                pass
+
+    def now(self, handle_id: str) -> None:
+        """An explicit free (``Handle.free``, the end of a ``with``): done when it returns, where
+        the client can wait for it (the synchronous one); a later listing no longer shows it."""
+        if self._free_now is None:
+            self(handle_id)
+        elif not self.closed:
+            try:
+                self._free_now(handle_id)
+            except Exception:  # as a finaliser's: a tensor already gone is not an error here
                 pass
 
     def adopt(self, handle: "Handle") -> None:
@@ -168,11 +181,12 @@ class Handle:
     garbage collected, or when its client closes; ``release()`` keeps the tensor on the server
     and returns its id. ``Handle("id")`` or a plain string names a tensor without owning it."""
 
-    __slots__ = ("id", "_finalizer", "__weakref__")
+    __slots__ = ("id", "_finalizer", "_freer", "__weakref__")
 
     def __init__(self, handle_id: str, *, _freer: Optional[Freer] = None) -> None:
         self.id = str(handle_id)
         self._finalizer: "Optional[weakref.finalize[[str], Handle]]" = None
+        self._freer = _freer
         if _freer is not None:
             self._finalizer = weakref.finalize(self, _freer, self.id)
             self._finalizer.atexit = False  # at exit the channel may already be gone
@@ -185,8 +199,9 @@ class Handle:
 
     def free(self) -> None:
         """Frees the tensor now, if this object owns it (once; later calls do nothing)."""
-        if self._finalizer is not None:
-            self._finalizer()
+        if self._finalizer is not None and self._freer is not None and \
+                self._finalizer.detach() is not None:
+            self._freer.now(self.id)
 
     def release(self) -> str:
         """Stops owning the tensor (it stays on the server) and returns its id."""

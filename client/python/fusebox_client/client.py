@@ -99,7 +99,7 @@ class Client:
                                                 response_deserializer=identity)
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
-        self._freer = Freer(self._free_later)
+        self._freer = Freer(self._free_later, self._free_now)
         self._stub: Any = None
 
     def close(self) -> None:
@@ -125,6 +125,10 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _free_now(self, handle: str) -> None:
+        self._unary["FreeTensor"](pb.FreeTensorRequest(handle=handle), timeout=10,
+                                  metadata=call_metadata(self._metadata, [handle]))
 
     def _free_later(self, handle: str) -> None:
         """A finaliser's free: sent without waiting for the reply. The call's future is kept
