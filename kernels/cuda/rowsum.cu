@@ -466,7 +466,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
                       k.long_rows != 0 || k.pipeline != 0 || k.cluster != 0 || k.split != 0;
   if (k.tile > 0 || (k.tile == 0 && !others && cols <= kTileMaxCols && (!p->vec || nacc < 8))) {
     if (cols > kTileMaxCols || k.tile > 1) return cudaErrorInvalidValue;
-    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(false, cols);
+    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(false, cols, sizeof(T));
     if (elems != 4 && elems != 8 && elems != 16) return cudaErrorInvalidValue;
     const TileShape ts = TileShapeOf(rows, cols, sizeof(T), elems);
     if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;

@@ -1233,7 +1233,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   }
   if (k.tile > 0 || (k.tile == 0 && !others && !p->vec && cols <= kTileMaxCols)) {
     if (cols > kTileMaxCols || k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
-    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(true, cols);
+    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(true, cols, sizeof(T));
     if (elems != 4 && elems != 8 && elems != 16) return cudaErrorInvalidValue;
     const TileShape ts = TileShapeOf(rows, cols, sizeof(T), elems);
     if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;

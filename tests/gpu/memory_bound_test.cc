@@ -1122,7 +1122,7 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=2 e=8 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
-  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=2 e=16 ", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 7 * 184637, 63).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
   EXPECT_EQ(rs(f32, aligned, 1000, 1), "rowsum/tile tpr=1 e=4 rows=256 t=256 cs");
