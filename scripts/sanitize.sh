@@ -17,6 +17,8 @@
 #     new aborts when an allocation fails instead of throwing std::bad_alloc.
 #   * test_cli_holds_an_uploaded_npy_in_memory_about_once (skipped the same way): the peak RSS
 #     it bounds would hold the sanitizer's shadow memory and quarantine.
+#   * HeapTest (tests/server/heap_test.cc, skipped the same way): it checks glibc's heap,
+#     which a sanitizer's allocator replaces.
 #   * TSan only: the tests that call through gRPC (the in-process server's ServiceTest and
 #     friends, the integration and TLS tests, fusebox-perf, the Python and Go clients, the Routers and the
 #     proxy test, the real Prometheus scrape, the metrics port under a real server, the Upload
