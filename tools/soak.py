@@ -82,38 +82,16 @@ def parse_args():
 ARGS = parse_args()
 sys.path.insert(0, str(Path(ARGS.build_dir) / "python"))
 sys.path.insert(0, str(ROOT / "client" / "python"))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))  # oracle.py, the tests' NumPy oracle
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from fusebox.v1 import kernel_service_pb2 as pb  # noqa: E402
-from fusebox_client import (Client, FuseboxError, Handle, bfloat16_bits_to_float,  # noqa: E402
-                            float_to_bfloat16_bits, from_tensor, to_tensor)
+from fusebox_client import Client, FuseboxError, Handle, from_tensor, to_tensor  # noqa: E402
+from oracle import TOL, as_sent, gelu_ref, rel_err, softmax_ref  # noqa: E402
 
 DTYPES = ["float32", "float16", "bfloat16"]
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 PB_DTYPE = {"float32": pb.FLOAT32, "float16": pb.FLOAT16, "bfloat16": pb.BFLOAT16}
 C = grpc.StatusCode
-
-
-# --- references (as tests/integration/test_python_client.py) --------------------------------
-
-def as_sent(x, dtype):
-    if dtype == "bfloat16":
-        return bfloat16_bits_to_float(float_to_bfloat16_bits(x)).astype(np.float64)
-    return x.astype(dtype).astype(np.float64)
-
-
-def gelu_ref(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-
-
-def softmax_ref(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def rel_err(got, want):
-    got = np.asarray(got, dtype=np.float64)
-    return np.linalg.norm((got - want).ravel()) / max(np.linalg.norm(want.ravel()), 1e-30)
 
 
 class Wrong(Exception):

@@ -25,12 +25,12 @@ import pytest
 from fusebox_client import (Client, FuseboxError, Handle, bfloat16_bits_to_float,
                             float_to_bfloat16_bits)
 from fusebox.v1 import kernel_service_pb2 as pb
+from oracle import TOL, as_sent, gelu_ref, rel_err, softmax_ref  # noqa: F401 (test_torch_client)
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_BIN = os.environ.get("FUSEBOX_SERVER_BIN", str(ROOT / "build/server/fusebox-server"))
 CLI_BIN = os.environ.get("FUSEBOX_CLI_BIN", str(ROOT / "build/client/fusebox"))
 DTYPES = ["float32", "float16", "bfloat16"]
-TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 
 # Prefixes a command so that it gets SIGKILL when pytest dies (a ctest timeout leaves no
@@ -100,25 +100,12 @@ def fresh_rng():
     return seed, np.random.default_rng(seed)
 
 
-def as_sent(x, dtype):
-    """The values the server sees for x sent as dtype, in float64."""
-    if dtype == "bfloat16":
-        return bfloat16_bits_to_float(float_to_bfloat16_bits(x)).astype(np.float64)
-    return x.astype(dtype).astype(np.float64)
 
 
-def gelu_ref(x):
-    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-def softmax_ref(x):
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
-def rel_err(got, want):
-    got = np.asarray(got, dtype=np.float64)
-    return np.linalg.norm((got - want).ravel()) / max(np.linalg.norm(want.ravel()), 1e-30)
 
 
 def expect_still_serving(client):

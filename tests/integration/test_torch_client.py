@@ -12,8 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusebox_client import Client  # noqa: E402
-from test_python_client import (TOL, Server, as_sent, fresh_rng, gelu_ref, rel_err,  # noqa: E402
-                                softmax_ref)
+from oracle import TOL, as_sent, gelu_ref, rel_err, softmax_ref  # noqa: E402
+from test_python_client import Server, fresh_rng  # noqa: E402
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
