@@ -380,6 +380,19 @@ def test_cuda_ipc_registration_on_the_cpu_backend_is_refused_clearly(client):
     assert client.list_shared_memory()[0] == []
 
 
+def test_attaching_in_another_process_leaves_the_creators_object(shm):
+    region = shm(4096)
+    region.ndarray("float32", (4,))[:] = [1, 2, 3, 4]
+    code = ("from fusebox_client import SharedMemoryRegion\n"
+            f"r = SharedMemoryRegion.attach({region.key!r})\n"
+            "print(list(r.ndarray('float32', (4,))))\n"
+            "r.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "[1.0, 2.0, 3.0, 4.0]"
+    assert os.path.exists("/dev/shm" + region.key)  # its exit unlinked nothing
+
+
 def test_async_client_uses_regions(server, shm):
     x = np.linspace(-3, 3, 4096, dtype=np.float32)
     region = shm(2 * x.nbytes)

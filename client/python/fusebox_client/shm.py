@@ -11,7 +11,7 @@ Built on ``multiprocessing.shared_memory`` (shm_open + ftruncate + mmap).
 from __future__ import annotations
 
 import secrets
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -41,7 +41,14 @@ class SharedMemoryRegion:
 
     @staticmethod
     def attach(name: str) -> "SharedMemoryRegion":
-        return SharedMemoryRegion(shared_memory.SharedMemory(name=name.lstrip("/")), owner=False)
+        shm = shared_memory.SharedMemory(name=name.lstrip("/"))
+        # Python (before 3.13) tracks attached objects too, and its resource tracker would
+        # unlink the creator's object when this process exits: it is not ours to remove.
+        try:
+            resource_tracker.unregister(getattr(shm, "_name", "/" + shm.name), "shared_memory")
+        except Exception:  # a tracker that never saw it
+            pass
+        return SharedMemoryRegion(shm, owner=False)
 
     @property
     def key(self) -> str:
