@@ -1,8 +1,6 @@
 // fusebox-server: flags -> ServerOptions -> RunServer. `--help` lists the flags.
-#include <malloc.h>
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "fusebox/version.h"
+#include "server/heap.h"
 #include "server/server.h"
 
 namespace {
@@ -103,7 +102,10 @@ ABSL_FLAG(double, tenant_inflight_share, kDefaults.tenant_inflight_share,
 ABSL_FLAG(int64_t, malloc_retain_mib, kDefaults.malloc_retain_bytes >> 20,
           "keep up to this much freed heap memory for reuse instead of returning it to the "
           "OS, and serve large blocks from the heap: large requests then skip page faults; "
-          "0 = glibc's defaults");
+          "0 = glibc's defaults; the sweeper gives back what the process keeps past it");
+ABSL_FLAG(int, malloc_arenas, kDefaults.malloc_arenas,
+          "heap arenas (glibc's M_ARENA_MAX): each keeps its own freed memory, so fewer bound "
+          "the memory kept sooner; 0 = glibc's default (8 per core)");
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
 ABSL_FLAG(bool, allow_shared_memory, kDefaults.allow_shared_memory,
@@ -206,6 +208,7 @@ int main(int argc, char** argv) {
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
   o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));
+  o.malloc_arenas = absl::GetFlag(FLAGS_malloc_arenas);
   o.max_connections = absl::GetFlag(FLAGS_max_connections);
   o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);
   o.arrival_timeout_seconds = absl::GetFlag(FLAGS_arrival_timeout_s);
@@ -230,12 +233,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // Large request and response buffers come and go with every call; glibc
-  // would mmap each one fresh and fault it in page by page.
-  if (o.malloc_retain_bytes > 0) {
-    mallopt(M_MMAP_MAX, 0);
-    mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<int64_t>(o.malloc_retain_bytes, INT_MAX)));
-  }
+  fusebox::ConfigureHeap(o.malloc_retain_bytes, o.malloc_arenas);
   const absl::Status s = fusebox::RunServer(o);
   if (!s.ok()) {
     std::fprintf(stderr, "fusebox-server: %s\n", s.ToString().c_str());

@@ -182,6 +182,9 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (o.malloc_retain_bytes < 0) {
     return bad(absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib));
   }
+  if (o.malloc_arenas < 0 || o.malloc_arenas > 1024) {
+    return bad("--malloc_arenas must be in 0..1024 (0 = glibc's default)");
+  }
   if (!ValidReplicaId(o.replica_id) && !o.replica_id.empty()) {
     return bad("--replica_id must be 1-63 letters, digits, '-' or '_' (or empty)");
   }

@@ -52,6 +52,9 @@ struct ServerOptions {
   double stall_timeout_seconds = 120;
   // Freed heap memory kept for reuse (main applies it with mallopt); 0 = glibc's defaults.
   int64_t malloc_retain_bytes = int64_t{1} << 30;
+  // glibc's heap arenas (M_ARENA_MAX); 0 = glibc's default, 8 per core. Each arena keeps its
+  // own freed memory, so fewer of them bound RSS sooner (server/heap.h).
+  int malloc_arenas = 2;
   // Client connections at once (Connections); past it new ones are closed at once. Lowered
   // where the descriptor limit could not hold them all.
   int64_t max_connections = 1000;

@@ -31,6 +31,7 @@
 #include "kernels/cpu/parallel.h"
 #include "server/rpc/auth.h"
 #include "server/rpc/connections.h"
+#include "server/heap.h"
 #include "server/log.h"
 #include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
@@ -457,18 +458,21 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       static_cast<long long>(o.max_streams_per_connection), o.handshake_timeout_seconds,
       o.arrival_timeout_seconds);
 
-  // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s).
-  double limit_seconds = 0;
+  // The sweeper looks a quarter of the shorter limit apart (10 ms..10 s); with no limit it
+  // still bounds the heap's kept memory every 10 s.
+  double limit_seconds = 40;
   for (double t : {limits.idle_expiry_seconds, o.stall_timeout_seconds,
                    o.arrival_timeout_seconds, shm_limits.idle_expiry_seconds}) {
-    if (t > 0) limit_seconds = limit_seconds > 0 ? std::min(limit_seconds, t) : t;
+    if (t > 0) limit_seconds = std::min(limit_seconds, t);
   }
-  if (limit_seconds > 0) {
+  {
     const auto period = std::chrono::milliseconds(
         std::clamp<int64_t>(static_cast<int64_t>(limit_seconds * 250), 10, 10000));
     State* st = s.get();
-    s->sweeper = std::thread([st, period] {
+    const int64_t retain = o.malloc_retain_bytes;
+    s->sweeper = std::thread([st, period, retain] {
       int64_t refused = 0;  // logged so far
+      int64_t heap_checked = 0;
       std::unique_lock<std::mutex> lock(st->mu);
       while (!st->cv.wait_for(lock, period, [st] { return st->stopping; })) {
         lock.unlock();
@@ -486,6 +490,11 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
           Log("refused %lld connections past the limit (--max_connections)",
               static_cast<long long>(n - refused));
           refused = n;
+        }
+        // At most once a second: mallinfo2 takes every arena's lock.
+        if (const int64_t now = SteadyNowNs(); now - heap_checked >= 1'000'000'000) {
+          heap_checked = now;
+          TrimHeapAbove(retain);
         }
         lock.lock();
       }

@@ -441,7 +441,10 @@ constexpr int kTileThreads = 256;
 // 513 vectors, so three rounds of 256 threads (768 vectors, 12 KiB) cover every tile.
 constexpr int kTileUnroll = 3;
 constexpr int kTileMaxVectors = kTileThreads * kTileUnroll;
-constexpr int kTileElems = 4;  // a row's elements per lane
+// A row's elements per lane (E: 4, 8 or 16; TileElemsFor picks it): fewer lanes per row mean
+// fewer shuffle levels per row, and the slot loops stop at the row's end, so a lane's slots
+// past it cost nothing.
+constexpr int kTileElems = 4;
 struct TileSpan {
   int lead;        // elements of the span's first 16-byte segment before its first element
   int jlo, jhi;    // whole vectors [jlo, jhi) of the segments from the span's first one
@@ -527,23 +530,39 @@ inline int Pow2Ceil(int64_t x) {
 }
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The tile kernels' shape for rows of `cols` (<= kTileMaxCols) elements of `elem` bytes: lanes per
-// row (a power of two, each lane kTileElems elements at stride tpr) and rows per tile. A tile holds
+// row (a power of two, each lane `elems` elements at stride tpr) and rows per tile. A tile holds
 // at most ~8 KiB (with ~6-8 blocks per SM, 16 KiB tiles would make fp32 1259977x7 2.3 waves of
 // long blocks, the last one a third full; 8 KiB halves that loss and still keeps ~40 KiB per SM in
 // flight), at least one pass of the block (kTileThreads / tpr rows, <= 4 KiB), and is cut down
 // until there are kTileFillBlocks blocks where the tensor is small (more, lighter blocks).
-// The span (<= 8 KiB + 15 bytes of offset) fits TileLoad's kTileMaxVectors.
+// The span (<= 12 KiB - 16 bytes + 15 bytes of offset) fits TileLoad's kTileMaxVectors.
+// Elements per lane for a tile op: measured on the H200 (lab/notes/kernels.md, short rows past
+// 64 MiB): softmax 8 (bf16 x33 1.40x faster than 4, 16 slower again: its exps and registers),
+// row sum 16 (fp32 x33 1.55x, bf16 x27 1.27x); rows of <= 4 keep 4, and so do rows whose stride
+// is a whole number of 8-byte words: fewer lanes per row put more rows in a warp, and rows at
+// such strides meet on the same shared-memory banks (row sum bf16 x32 with 16 per lane: 0.44x of
+// Triton, 49% of copy).
+inline int TileElemsFor(bool softmax, int64_t cols, int elem) {
+  if (cols <= 4 || (cols * elem) % 8 == 0) return 4;
+  return softmax ? 8 : 16;
+}
 constexpr int kTileTargetBytes = 8 * 1024;
 constexpr int kTileFillBlocks = 264;
 struct TileShape {
   int tpr = 1;
   int rows = 1;
 };
-inline TileShape TileShapeOf(int64_t rows, int64_t cols, int elem) {
+inline TileShape TileShapeOf(int64_t rows, int64_t cols, int elem, int elems = kTileElems) {
   TileShape t;
-  t.tpr = Pow2Ceil(CeilDiv(cols, kTileElems));
+  // One lane per row only for rows of <= 4: one thread's row at a stride of `cols` elements in
+  // shared memory conflicts on banks (row sum bf16 x16 with 16 per lane: 1.5x slower than 8).
+  t.tpr = std::max(Pow2Ceil(CeilDiv(cols, elems)), cols > 4 ? 2 : 1);
   const int pass = kTileThreads / t.tpr;
-  const int64_t most = std::max<int64_t>(pass, (kTileTargetBytes / (cols * elem)) / pass * pass);
+  // A pass of 8 or 16 per lane can pass 8 KiB (fp32 x64 with 16: 16 KiB): then as many rows as
+  // TileLoad covers at any offset, some lanes idle.
+  const int64_t fits = (kTileMaxVectors * 16 - 16) / (cols * elem);
+  int64_t most = (kTileTargetBytes / (cols * elem)) / pass * pass;
+  if (most < pass) most = std::min<int64_t>(pass, fits);
   const int64_t want = CeilDiv(CeilDiv(rows, kTileFillBlocks), pass) * pass;
   t.rows = static_cast<int>(std::min(most, want));
   return t;

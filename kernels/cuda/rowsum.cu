@@ -152,11 +152,11 @@ __global__ __launch_bounds__(1024) void RowSumSmallKernel(const T* in, float* ou
 
 // Rows of <= kTileMaxCols columns under 128 bytes or not whole aligned vectors (cols = 1, 16 bf16,
 // 33, 63, or any offset): the block's tile_rows rows as one flat span read into shared memory with
-// 16-byte vectors (TileLoad in common.cuh), then tpr = 1 << lg lanes per row add kTileElems
+// 16-byte vectors (TileLoad in common.cuh), then tpr = 1 << lg lanes per row add E
 // elements each at stride tpr (consecutive lanes, consecutive elements) and one shuffle tree;
 // lane 0 writes the row's sum. Passes over the tile's rows are uniform across the block (whole
 // warps in the shuffles). cols = 1 is a widening copy.
-template <typename T>
+template <typename T, int E>
 __global__ __launch_bounds__(kTileThreads) void RowSumTileKernel(const T* in, float* out, int64_t rows, int cols,
                                                                  int tile_rows, int lg, bool cs) {
   extern __shared__ uint4 tile_smem[];
@@ -176,7 +176,8 @@ __global__ __launch_bounds__(kTileThreads) void RowSumTileKernel(const T* in, fl
     const T* rp = base + (act ? r : 0) * cols;
     float s = 0.f;
 #pragma unroll
-    for (int q = 0; q < kTileElems; ++q) {
+    for (int q = 0; q < E; ++q) {
+      if (q * tpr >= cols) break;  // the same in every lane
       const int c = lane + q * tpr;
       if (act && c < cols) s += ToFloat<T>(rp[c]);
     }
@@ -413,6 +414,7 @@ struct Plan {
   bool batch = false;  // a row is exactly one batch: threads x unroll accesses (long rows,
                        // RowSumBatchKernel) or tpr x unroll (short rows, the Exact kernel)
   int tile_rows = 0;   // > 0: the tile kernel (rows per block; tpr lanes per row)
+  int tile_elems = 4;  // the tile kernel: a row's elements per lane
 };
 
 template <typename T, int W, bool E = false>
@@ -464,9 +466,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
                       k.long_rows != 0 || k.pipeline != 0 || k.cluster != 0 || k.split != 0;
   if (k.tile > 0 || (k.tile == 0 && !others && cols <= kTileMaxCols && (!p->vec || nacc < 8))) {
     if (cols > kTileMaxCols || k.tile > 1) return cudaErrorInvalidValue;
-    const TileShape ts = TileShapeOf(rows, cols, sizeof(T));
+    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(false, cols, sizeof(T));
+    if (elems != 4 && elems != 8 && elems != 16) return cudaErrorInvalidValue;
+    const TileShape ts = TileShapeOf(rows, cols, sizeof(T), elems);
     if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;
     p->small = true;
+    p->tile_elems = elems;
     p->tpr = ts.tpr;
     p->tile_rows = ts.rows;
     p->threads = kTileThreads;
@@ -626,9 +631,11 @@ cudaError_t LaunchRowSumT(const KernelChoice& k, const void* in, float* out, int
   if (p.tile_rows > 0) {
     const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, p.tile_rows));  // MakePlan checked it
     const int smem = TileSmemBytes<T>(p.tile_rows * static_cast<int>(cols));    // <= 8 KiB + a pass
-    RowSumTileKernel<T><<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), out, rows,
-                                                           static_cast<int>(cols), p.tile_rows,
-                                                           __builtin_ctz(p.tpr), p.cs);
+    auto* kernel = p.tile_elems == 16 ? RowSumTileKernel<T, 16>
+                   : p.tile_elems == 8 ? RowSumTileKernel<T, 8>
+                                       : RowSumTileKernel<T, 4>;
+    kernel<<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), out, rows, static_cast<int>(cols),
+                                              p.tile_rows, __builtin_ctz(p.tpr), p.cs);
     return cudaGetLastError();
   }
   constexpr int W = 16 / sizeof(T);
@@ -698,8 +705,8 @@ void DescribeRowSum(DType dt, const void* in, int64_t rows, int64_t cols, const 
     std::snprintf(buf, len, "rowsum/split %s b=%d t=%d u=%d cs", p.vec ? "vec" : "edges", p.split, p.threads,
                   p.unroll);
   } else if (p.tile_rows > 0) {
-    std::snprintf(buf, len, "rowsum/tile tpr=%d rows=%d t=%d %s", p.tpr, p.tile_rows, p.threads,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "rowsum/tile tpr=%d e=%d rows=%d t=%d %s", p.tpr, p.tile_elems, p.tile_rows,
+                  p.threads, p.cs ? "cs" : "plain");
   } else if (p.small) {
     std::snprintf(buf, len, "rowsum/rows %s%s tpr=%d t=%d u=%d %s", p.vec ? "vec" : p.edges ? "edges" : "scalar",
                   p.batch ? " exact" : "", p.tpr, p.threads, p.unroll, p.cs ? "cs" : "plain");

@@ -867,12 +867,12 @@ __global__ __launch_bounds__(kChunkMaxThreads) void SoftmaxPipeKernel(const T* i
 // ------------------------------------------------------------------------------ tiles of short rows
 // Rows of <= kTileMaxCols columns that are not whole aligned vectors (cols = 1, 7, 13, 62, or any
 // offset): the block's tile_rows rows as one flat span through shared memory (TileLoad /
-// TileStore in common.cuh), each row's max and sum by tpr = 1 << lg lanes, kTileElems elements per
+// TileStore in common.cuh), each row's max and sum by tpr = 1 << lg lanes, E elements per
 // lane at stride tpr (consecutive lanes read consecutive elements: at most 32 / tpr banks
 // conflict). One exp per element (kept between the sum and the output); the loops over a tile's
 // rows run the same passes in every lane (the group shuffles need whole warps). Special values as
 // the short-row kernel (the row max is m: all -inf gives NaN, cols = 1 gives 1 or NaN).
-template <typename T>
+template <typename T, int E>
 __global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T* out, int64_t rows, int cols,
                                                                   int tile_rows, int lg, bool cs) {
   extern __shared__ uint4 tile_smem[];
@@ -902,10 +902,11 @@ __global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T
     const int r = r0 + (threadIdx.x >> lg);
     const bool act = r < nrows;
     T* rp = base + (act ? r : 0) * cols;
-    float x[kTileElems];
+    float x[E];
     float m = -INFINITY;
 #pragma unroll
-    for (int q = 0; q < kTileElems; ++q) {
+    for (int q = 0; q < E; ++q) {
+      if (q * tpr >= cols) break;  // the same in every lane: slots past the row are not issued
       const int c = lane + q * tpr;
       x[q] = act && c < cols ? ToFloat<T>(rp[c]) : -INFINITY;
       m = fmaxf(m, x[q]);
@@ -913,7 +914,8 @@ __global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T
     m = GroupMax(m, tpr);
     float sum = 0.f;
 #pragma unroll
-    for (int q = 0; q < kTileElems; ++q) {
+    for (int q = 0; q < E; ++q) {
+      if (q * tpr >= cols) break;  // the same in every lane: slots past the row are not issued
       const int c = lane + q * tpr;
       x[q] = act && c < cols ? ExpDiff(x[q], m) : 0.f;
       sum += x[q];
@@ -923,7 +925,8 @@ __global__ __launch_bounds__(kTileThreads) void SoftmaxTileKernel(const T* in, T
     // saves the IEEE division's ~10 instructions per row.
     const float inv = __fdividef(1.0f, sum);
 #pragma unroll
-    for (int q = 0; q < kTileElems; ++q) {
+    for (int q = 0; q < E; ++q) {
+      if (q * tpr >= cols) break;  // the same in every lane: slots past the row are not issued
       const int c = lane + q * tpr;
       if (act && c < cols) rp[c] = FromFloat<T>(x[q] * inv);
     }
@@ -992,6 +995,7 @@ struct Plan {
   bool fma = true;    // e^(x - m) in one FFMA where |m| allows (WithExp)
   int ahead = 0;      // long rows: L2 prefetch of the chunk this many blocks ahead (0 = none)
   int tile_rows = 0;  // tile kernel: rows per block (tpr: lanes per row)
+  int tile_elems = 4;  // tile kernel: a row's elements per lane
 };
 
 int CurrentDevice() {
@@ -1229,9 +1233,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   }
   if (k.tile > 0 || (k.tile == 0 && !others && !p->vec && cols <= kTileMaxCols)) {
     if (cols > kTileMaxCols || k.tile < -1 || k.tile > 1) return cudaErrorInvalidValue;
-    const TileShape ts = TileShapeOf(rows, cols, sizeof(T));
+    const int elems = k.tile_elems ? k.tile_elems : TileElemsFor(true, cols, sizeof(T));
+    if (elems != 4 && elems != 8 && elems != 16) return cudaErrorInvalidValue;
+    const TileShape ts = TileShapeOf(rows, cols, sizeof(T), elems);
     if (CeilDiv(rows, ts.rows) > INT_MAX) return cudaErrorInvalidValue;
     p->kind = Kind::kTile;
+    p->tile_elems = elems;
     p->tpr = ts.tpr;
     p->tile_rows = ts.rows;
     p->threads = kTileThreads;
@@ -1520,8 +1527,11 @@ template <typename T>
 cudaError_t LaunchTile(const Plan& p, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t s) {
   const unsigned blocks = static_cast<unsigned>(CeilDiv(rows, p.tile_rows));  // MakePlan checked it
   const int smem = TileSmemBytes<T>(p.tile_rows * static_cast<int>(cols));    // <= 8 KiB + a pass
-  SoftmaxTileKernel<T><<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), static_cast<T*>(out), rows,
-                                                          static_cast<int>(cols), p.tile_rows, __builtin_ctz(p.tpr), p.cs);
+  auto* kernel = p.tile_elems == 16 ? SoftmaxTileKernel<T, 16>
+                 : p.tile_elems == 8 ? SoftmaxTileKernel<T, 8>
+                                     : SoftmaxTileKernel<T, 4>;
+  kernel<<<blocks, kTileThreads, smem, s>>>(static_cast<const T*>(in), static_cast<T*>(out), rows,
+                                            static_cast<int>(cols), p.tile_rows, __builtin_ctz(p.tpr), p.cs);
   return cudaGetLastError();
 }
 
@@ -1615,8 +1625,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
   } else if (p.kind == Kind::kTiny) {
     std::snprintf(buf, len, "softmax/tiny tpr=%d t=%d", p.tpr, p.threads);
   } else if (p.kind == Kind::kTile) {
-    std::snprintf(buf, len, "softmax/tile tpr=%d rows=%d t=%d %s", p.tpr, p.tile_rows, p.threads,
-                  p.cs ? "cs" : "plain");
+    std::snprintf(buf, len, "softmax/tile tpr=%d e=%d rows=%d t=%d %s", p.tpr, p.tile_elems, p.tile_rows,
+                  p.threads, p.cs ? "cs" : "plain");
   } else if (p.kind == Kind::kRows) {
     std::snprintf(buf, len, "softmax/rows %s tpr=%d v=%d t=%d %s%s%s", p.vec ? "vec" : p.edges ? "edges" : "scalar", p.tpr, p.vpt,
                   p.threads, p.cs ? "cs" : "plain", p.exp_once ? " exp-once" : "", p.exact ? " exact" : "");

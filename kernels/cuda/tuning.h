@@ -71,6 +71,8 @@ namespace fusebox::cuda {
 //                     when no other short-row field is forced; softmax only: 2 = the tiny kernel
 //                     (lanes read their row's elements straight from global memory, no shared
 //                     memory), automatic for tensors of such rows up to 128 KiB
+//   tile_elems        the tile kernels: a row's elements per lane, 4, 8 or 16 (lanes per row =
+//                     the power of two that covers the row with that many); 0 = automatic
 // GeLU uses vectors_per_thread (1, 2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
@@ -87,6 +89,7 @@ struct KernelChoice {
   int exp_fma = 0;
   int prefetch = 0;
   int tile = 0;
+  int tile_elems = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

@@ -27,7 +27,7 @@ DT = {"float32": (torch.float32, 1), "float16": (torch.float16, 2), "bfloat16": 
 
 
 KEYS = ["tpr", "vpt", "cluster", "threads", "smem", "long_rows", "pipeline", "streaming", "exp_once",
-        "split", "split_wait", "exp_fma", "prefetch", "tile"]
+        "split", "split_wait", "exp_fma", "prefetch", "tile", "tile_elems"]
 
 
 def impls(op, dname, rows, cols, off, variants):
@@ -40,7 +40,7 @@ def impls(op, dname, rows, cols, off, variants):
     def make(choice):
         arr = None
         if choice is not None:
-            arr = (ctypes.c_int32 * 14)(*choice)
+            arr = (ctypes.c_int32 * 15)(*choice)
 
         def ours():
             rc = fn(OPS[op], code, x.data_ptr(), out.data_ptr(), rows, cols, arr,
@@ -62,7 +62,7 @@ def impls(op, dname, rows, cols, off, variants):
                 assert rc == 0, rc
             res[v] = probe
             continue
-        c = [0] * 14
+        c = [0] * 15
         for kv in v.split(","):
             k, val = kv.split("=")
             c[KEYS.index(k)] = int(val)

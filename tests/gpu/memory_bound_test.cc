@@ -1000,7 +1000,25 @@ TEST_P(MemoryBound, ShortRowTiles) {
     CheckSoftmax(some, cols, {0, 0}, tile);
     CheckRowSum(some, cols, {0, 0}, tile);
   }
+  // Every row length with 4, 8 and 16 elements per lane (fewer lanes per row), at an offset and
+  // with special rows.
+  for (int elems : {4, 8, 16}) {
+    KernelChoice te = tile;
+    te.tile_elems = elems;
+    for (int64_t cols = 1; cols <= 64; ++cols) {
+      if (SmallMode() && std::find(small_cols.begin(), small_cols.end(), cols) == small_cols.end()) continue;
+      SCOPED_TRACE(::testing::Message() << "tile_elems " << elems << ", " << some << "x" << cols);
+      CheckSoftmax(some, cols, {1, 1}, te);
+      CheckRowSum(some, cols, {1, 1}, te);
+      CheckSoftmax(37, cols, {1, 1}, te, SpecialSoftmaxRows(dt, cols));
+    }
+  }
   DeviceBuffer b(1 << 16);
+  KernelChoice odd = tile;
+  odd.tile_elems = 5;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(odd, dt, b.get(), b.get() + 32768, 10, 7, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchRowSumWith(odd, dt, b.get(), reinterpret_cast<float*>(b.get() + 32768), 10, 7, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(tile, dt, b.get(), b.get() + 32768, 10, 65, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchSoftmaxWith(tiny, dt, b.get(), b.get() + 32768, 10, 65, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(cuda::LaunchRowSumWith(tile, dt, b.get(), reinterpret_cast<float*>(b.get() + 32768), 10, 65, nullptr),
@@ -1094,20 +1112,20 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(bf16, aligned, 2 * 1652781, 1).rfind("softmax/tile tpr=1 ", 0), 0u);
   EXPECT_EQ(sm(f16, plus1, 1933946, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1259977, 7).rfind("softmax/tile tpr=2 ", 0), 0u);
-  EXPECT_EQ(sm(f16, plus1, 1693008, 62).rfind("softmax/tile tpr=16 ", 0), 0u);
+  EXPECT_EQ(sm(f16, plus1, 1693008, 62).rfind("softmax/tile tpr=8 e=8 ", 0), 0u);
   // Tensors of such rows up to 128 KiB: the tiny kernel, aligned or not; larger ones the tile.
   EXPECT_EQ(sm(bf16, plus1, 631, 13), "softmax/tiny tpr=4 t=128");
   EXPECT_EQ(sm(f16, aligned, 1171, 7), "softmax/tiny tpr=2 t=128");
   EXPECT_EQ(sm(f16, plus1, 191, 43), "softmax/tiny tpr=16 t=128");
   EXPECT_EQ(sm(f32, aligned, 512, 64), "softmax/tiny tpr=16 t=128");
   EXPECT_EQ(sm(f32, aligned, 513, 64).rfind("softmax/rows vec", 0), 0u);
-  EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=4 ", 0), 0u);
+  EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=2 e=8 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
-  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 ", 0), 0u);
-  EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=16 ", 0), 0u);
-  EXPECT_EQ(rs(bf16, aligned, 7 * 184637, 63).rfind("rowsum/tile tpr=16 ", 0), 0u);
-  EXPECT_EQ(rs(f32, aligned, 1000, 1), "rowsum/tile tpr=1 rows=256 t=256 cs");
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
+  EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 7 * 184637, 63).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
+  EXPECT_EQ(rs(f32, aligned, 1000, 1), "rowsum/tile tpr=1 e=4 rows=256 t=256 cs");
   EXPECT_EQ(rs(f32, aligned, 3365475, 44).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2806056, 64).rfind("rowsum/rows vec", 0), 0u);
   EXPECT_EQ(rs(f32, aligned, 1962977, 64), "rowsum/rows vec exact tpr=8 t=256 u=2 cs");

@@ -809,6 +809,7 @@ def test_open_reflection_streams_take_a_bounded_number_of_threads():
     ("--max_streams_per_connection=0", "--max_streams_per_connection must be in 1..100000"),
     ("--matmul_impl=fast", "--matmul_impl must be cublaslt or tiled"),
     ("--malloc_retain_mib=17592186044416", "--malloc_retain_mib must be in 0..8796093022207"),
+    ("--malloc_arenas=-1", "--malloc_arenas must be in 0..1024"),
     ("--drain_seconds=nan", "--stall_timeout_s must be in 0..86400"),
     ("--shutdown_notice_s=inf", "--stall_timeout_s must be in 0..86400"),
     ("--stall_timeout_s=-1", "--stall_timeout_s must be in 0..86400"),

@@ -7,7 +7,9 @@
 #            benchmark (its medians), the /metrics check with the Python stubs, the metrics
 #            RecordCall benchmark (bench/baselines/metrics-record-call-*), fusebox-rpc-bench, and the CUDA
 #            backend's tests (fusebox_gpu_cuda_backend_test, which loads the module next to it
-#            or FUSEBOX_CUDA_MODULE: with BASELINE, base/'s shows whether a new test fails there)
+#            or FUSEBOX_CUDA_MODULE: with BASELINE, base/'s shows whether a new test fails there),
+#            and tools/soak.py (on the device: python3 .bundle-e2e/bin/soak.py --build_dir
+#            .bundle-e2e/bin --server_bin .bundle-e2e/bin/fusebox-server --server_arg=--backend=cuda)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
 # BASELINE=<rev> also builds that revision (in a worktree under build-base/) for an A/B of two
@@ -36,11 +38,11 @@ declare -A files=(
   [matmul]="$b/tests/gpu/fusebox_gpu_matmul_test $b/tests/gpu/fusebox_gpu_cuda_backend_test
             $b/server/libfusebox_cuda_backend.so $b/bench/gpu/matmul_bench $b/bench/gpu/libfusebox_matmul_capi.so
             bench/gpu/run_matmul.sh bench/gpu/matmul_torch.py bench/gpu/matmul_report.py
-            bench/gpu/interleaved_timer.py"
+            bench/gpu/interleaved_timer.py bench/gpu/matmul_sweep.py bench/gpu/paired_stats.py"
   [e2e]="$b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e
          $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench
          $b/bench/rpc/fusebox-rpc-bench $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
-         $b/tests/gpu/fusebox_gpu_cuda_backend_test tools/gpu/ab_servers.sh
+         $b/tests/gpu/fusebox_gpu_cuda_backend_test tools/gpu/ab_servers.sh tools/soak.py
          $b/tests/gpu/fusebox_gpu_shared_memory_test $b/tests/gpu/fusebox_gpu_ipc_exporter
          $b/client/fusebox-perf"
 )
