@@ -108,6 +108,18 @@ ABSL_FLAG(int, malloc_arenas, kDefaults.malloc_arenas,
           "the memory kept sooner; 0 = glibc's default (8 per core)");
 ABSL_FLAG(double, idle_expiry_s, kDefaults.idle_expiry_seconds,
           "held tensors unused this long are freed; 0 = never");
+ABSL_FLAG(bool, allow_shared_memory, kDefaults.allow_shared_memory,
+          "serve RegisterSharedMemory: clients on this node may then name POSIX shared memory "
+          "(opened with the server's permissions) or CUDA IPC memory for inputs and outputs; "
+          "each tenant sees only its own regions");
+ABSL_FLAG(int64_t, max_shm_regions_per_tenant, kDefaults.max_shm_regions_per_tenant,
+          "shared-memory regions one tenant may hold at once (1..4096)");
+ABSL_FLAG(int64_t, shm_tenant_quota_mib, 0,
+          "bytes of shared memory one tenant may register, MiB (pinned on the CUDA backend); "
+          "0 = half the RAM, or of the container's memory limit if less");
+ABSL_FLAG(double, shm_idle_expiry_s, kDefaults.shm_idle_expiry_seconds,
+          "shared-memory regions unused this long are unregistered (and unmapped once no call "
+          "uses them), so a client that vanished leaves nothing mapped; 0 = never");
 ABSL_FLAG(double, stall_timeout_s, kDefaults.stall_timeout_seconds,
           "a call waiting on its client (an Upload's messages, a Download's chunks, a reply "
           "not taken) longer, all its waits together, than this plus 1 s per MiB it has moved "
@@ -201,6 +213,10 @@ int main(int argc, char** argv) {
   o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);
   o.arrival_timeout_seconds = absl::GetFlag(FLAGS_arrival_timeout_s);
   o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  o.allow_shared_memory = absl::GetFlag(FLAGS_allow_shared_memory);
+  o.max_shm_regions_per_tenant = absl::GetFlag(FLAGS_max_shm_regions_per_tenant);
+  o.shm_tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_shm_tenant_quota_mib));
+  o.shm_idle_expiry_seconds = absl::GetFlag(FLAGS_shm_idle_expiry_s);
 
   absl::Status checked = fusebox::CheckOptions(o);
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);

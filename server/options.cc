@@ -170,6 +170,15 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");
   }
+  if (o.max_shm_regions_per_tenant < 1 || o.max_shm_regions_per_tenant > 4096) {
+    return bad("--max_shm_regions_per_tenant must be in 1..4096");
+  }
+  if (o.shm_tenant_quota_bytes < 0) {
+    return bad(absl::StrCat("--shm_tenant_quota_mib must be in 0..", kMaxMib));
+  }
+  if (!(o.shm_idle_expiry_seconds >= 0 && o.shm_idle_expiry_seconds <= 315360000)) {
+    return bad("--shm_idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");
+  }
   if (o.malloc_retain_bytes < 0) {
     return bad(absl::StrCat("--malloc_retain_mib must be in 0..", kMaxMib));
   }

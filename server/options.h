@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "server/backend_loader.h"
+#include "server/core/shared_memory.h"
 #include "server/core/tensor_store.h"
 
 namespace fusebox {
@@ -67,6 +68,13 @@ struct ServerOptions {
   // max_connections, the bound on requests still arriving (gRPC holds each, about 11 KB and
   // its bytes so far, until it is whole).
   int64_t max_streams_per_connection = 100;
+  // Shared memory (RegisterSharedMemory): off unless allowed. Per tenant: regions at once and
+  // their bytes (0 = half of HostMemoryBytes(): on CUDA every byte is pinned), and an idle
+  // expiry, so a client that disappears does not leave its regions mapped for ever.
+  bool allow_shared_memory = false;
+  int64_t max_shm_regions_per_tenant = SharedMemoryLimits{}.max_regions_per_tenant;
+  int64_t shm_tenant_quota_bytes = 0;
+  double shm_idle_expiry_seconds = SharedMemoryLimits{}.idle_expiry_seconds;  // 0 = never
 };
 
 // What the automatic per-tenant shares divide by: the tenants (an open server has one), at most

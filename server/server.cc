@@ -266,6 +266,7 @@ constexpr auto kCloserPeriod = std::chrono::milliseconds(20);
 struct FuseboxServer::State {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<TensorStore> store;
+  std::unique_ptr<SharedMemoryRegistry> shm;  // regions unmap before the backend goes
   Authenticator auth;
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<KernelServiceImpl> service;
@@ -335,6 +336,22 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       static_cast<long long>(limits.max_tensors_per_tenant), limits.idle_expiry_seconds,
       o.replica_id.c_str());
 
+  SharedMemoryLimits shm_limits;
+  shm_limits.enabled = o.allow_shared_memory;
+  shm_limits.max_regions_per_tenant = o.max_shm_regions_per_tenant;
+  shm_limits.tenant_quota_bytes =
+      o.shm_tenant_quota_bytes > 0 ? o.shm_tenant_quota_bytes : HostMemoryBytes() / 2;
+  shm_limits.idle_expiry_seconds = o.shm_idle_expiry_seconds;
+  s->shm = std::make_unique<SharedMemoryRegistry>(s->backend.get(), shm_limits);
+  if (o.allow_shared_memory) {
+    Log("shared memory: ON for clients on this node (POSIX objects opened with this process's "
+        "permissions%s); %lld regions and %lld MiB per tenant, idle expiry %g s",
+        s->backend->name() == "cuda" ? ", pinned; CUDA IPC handles" : "",
+        static_cast<long long>(shm_limits.max_regions_per_tenant),
+        static_cast<long long>(shm_limits.tenant_quota_bytes >> 20),
+        shm_limits.idle_expiry_seconds);
+  }
+
   if (!o.metrics_address.empty()) {
     auto m = Metrics::Start(o.metrics_address, s->backend.get());
     if (!m.ok()) return m.status();
@@ -376,7 +393,8 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       static_cast<long long>(request_limits.max_tenant_inflight_bytes >> 20),
       static_cast<long long>(grpc_quota_bytes >> 20), o.stall_timeout_seconds);
   s->service = std::make_unique<KernelServiceImpl>(s->backend.get(), s->metrics.get(),
-                                                   s->store.get(), &s->auth, request_limits);
+                                                   s->store.get(), &s->auth, request_limits,
+                                                   s->shm.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -444,7 +462,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
   // still bounds the heap's kept memory every 10 s.
   double limit_seconds = 40;
   for (double t : {limits.idle_expiry_seconds, o.stall_timeout_seconds,
-                   o.arrival_timeout_seconds}) {
+                   o.arrival_timeout_seconds, shm_limits.idle_expiry_seconds}) {
     if (t > 0) limit_seconds = std::min(limit_seconds, t);
   }
   {
@@ -459,6 +477,9 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
       while (!st->cv.wait_for(lock, period, [st] { return st->stopping; })) {
         lock.unlock();
         if (int n = st->store->ExpireIdle(); n > 0) Log("expired %d idle tensors", n);
+        if (int n = st->shm->ExpireIdle(); n > 0) {
+          Log("unregistered %d idle shared-memory regions", n);
+        }
         if (int n = st->service->CancelStalled(); n > 0) {
           Log("cancelled %d calls that waited on their clients too long", n);
         }

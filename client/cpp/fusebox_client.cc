@@ -13,6 +13,11 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <grpcpp/client_context.h>
 #include <grpcpp/completion_queue.h>
 #include <grpcpp/create_channel.h>
@@ -68,6 +73,23 @@ class SliceRefs {
   int live_ = 0;
 };
 
+void FillShared(const SharedRef& s, pb::SharedTensor* out) {
+  out->set_region(s.region);
+  out->set_offset(s.offset);
+  out->set_dtype(static_cast<pb::DType>(static_cast<int>(s.dtype)));
+  for (int64_t d : s.shape) out->add_shape(d);
+}
+
+pb::OutputOptions OutputOptionsOf(const CallOptions& opts) {
+  pb::OutputOptions o;
+  o.set_keep_on_server(opts.keep_on_server);
+  if (!opts.shared_output_region.empty()) {
+    o.mutable_shared()->set_region(opts.shared_output_region);
+    o.mutable_shared()->set_offset(opts.shared_output_offset);
+  }
+  return o;
+}
+
 // Request fields: input = 1 (or a = 1, b = 2, bias = 3), allow_tf32 = 4,
 // impl = 5, output_options = 15. A field's bytes: TensorRef { tensor = 1 | handle = 2 }.
 grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallOptions& opts,
@@ -76,6 +98,14 @@ grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallO
   std::string head;
   for (size_t i = 0; i < inputs.size(); ++i) {
     head.push_back(static_cast<char>(((i + 1) << 3) | 2));  // request field i+1, LEN
+    if (const SharedRef* s = inputs[i].shared(); s != nullptr) {  // small: protobuf encodes it
+      pb::TensorRef ref;
+      FillShared(*s, ref.mutable_shared());
+      const std::string bytes = ref.SerializeAsString();
+      PutVarint(&head, bytes.size());
+      head += bytes;
+      continue;
+    }
     if (inputs[i].tensor() == nullptr) {
       const std::string& h = inputs[i].handle();
       PutVarint(&head, 1 + VarintSize(h.size()) + h.size());
@@ -118,12 +148,21 @@ grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallO
     head.push_back(0x28);
     PutVarint(&head, static_cast<uint64_t>(opts.impl));
   }
-  if (opts.keep_on_server) head += std::string("\x7a\x02\x08\x01", 4);  // OutputOptions
+  if (opts.keep_on_server || !opts.shared_output_region.empty()) {  // OutputOptions = 15
+    const std::string bytes = OutputOptionsOf(opts).SerializeAsString();
+    head.push_back(0x7a);
+    PutVarint(&head, bytes.size());
+    head += bytes;
+  }
   if (!head.empty() || slices.empty()) slices.emplace_back(head);
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 void FillRef(const Arg& arg, pb::TensorRef* ref) {
+  if (arg.shared() != nullptr) {
+    FillShared(*arg.shared(), ref->mutable_shared());
+    return;
+  }
   if (arg.tensor() == nullptr) {
     ref->set_handle(arg.handle());
     return;
@@ -147,7 +186,7 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, con
   if (!matmul) {
     pb::GeluRequest req;  // Gelu/Softmax/RowSum requests share one wire layout
     FillRef(inputs[0], req.mutable_input());
-    if (opts.keep_on_server) req.mutable_output_options()->set_keep_on_server(true);
+    *req.mutable_output_options() = OutputOptionsOf(opts);
     return Serialize(req);
   }
   pb::MatmulReluRequest req;
@@ -156,7 +195,7 @@ grpc::ByteBuffer EncodeProtobuf(bool matmul, const std::vector<Arg>& inputs, con
   if (inputs.size() > 2) FillRef(inputs[2], req.mutable_bias());
   req.set_allow_tf32(opts.allow_tf32);
   req.set_impl(static_cast<pb::MatmulImpl>(opts.impl));
-  if (opts.keep_on_server) req.mutable_output_options()->set_keep_on_server(true);
+  *req.mutable_output_options() = OutputOptionsOf(opts);
   return Serialize(req);
 }
 
@@ -273,6 +312,7 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   out.shape.clear();
   out.data.clear();
   result->handle.clear();
+  result->shared = false;
   result->timing = Timing();
   bool has_tensor = false;
   auto bad = [] { return absl::InternalError("cannot parse the server's response"); };
@@ -293,6 +333,13 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
           if (!r.Length(&l2)) return bad();
           result->handle.clear();
           if (!r.Take(l2, &result->handle)) return bad();
+        } else if (k2 == ((3 << 3) | 2)) {  // TensorRef.shared: the output went into a region
+          std::string bytes;
+          pb::SharedTensor st;
+          if (!r.Length(&l2) || !r.Take(l2, &bytes) || !st.ParseFromString(bytes)) return bad();
+          out.dtype = static_cast<DType>(st.dtype());
+          out.shape.assign(st.shape().begin(), st.shape().end());
+          result->shared = true;
         } else if (!r.Skip(static_cast<int>(k2 & 7))) {
           return bad();
         }
@@ -315,10 +362,10 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
       return bad();
     }
   }
-  if (!has_tensor && result->handle.empty()) {
+  if (!has_tensor && result->handle.empty() && !result->shared) {
     return absl::InternalError("server response has no output tensor");
   }
-  return has_tensor ? CheckServerDType(out.dtype) : absl::OkStatus();
+  return has_tensor || result->shared ? CheckServerDType(out.dtype) : absl::OkStatus();
 }
 
 // HealthCheckResponse { ServingStatus status = 1; }: reads field 1, skips others.
@@ -675,6 +722,144 @@ absl::StatusOr<TensorInfo> Client::StatTensor(const std::string& handle) {
   if (!st.ok()) return st;
   if (resp.tensors_size() != 1) return absl::NotFoundError("no tensor " + handle);
   return FromProto(resp.tensors(0));
+}
+
+absl::StatusOr<TensorInfo> Client::UploadShared(const SharedRef& source,
+                                                std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, timeout);
+  pb::UploadResponse resp;
+  auto writer = kernel_stub_->Upload(&ctx, &resp);
+  pb::UploadRequest msg;
+  FillShared(source, msg.mutable_shared());
+  writer->Write(msg);  // a failure shows in Finish
+  writer->WritesDone();
+  absl::Status st = FromGrpc(writer->Finish());
+  if (!st.ok()) return st;
+  return FromProto(resp.tensor());
+}
+
+namespace {
+SharedMemoryInfo FromProto(const pb::SharedMemoryInfo& m) {
+  SharedMemoryInfo i;
+  i.name = m.name();
+  i.cuda = m.has_cuda();
+  if (i.cuda) {
+    i.device = m.cuda().device();
+    i.size = m.cuda().size();
+  } else {
+    i.key = m.system().key();
+    i.offset = m.system().offset();
+    i.size = m.system().size();
+  }
+  i.pinned = m.pinned();
+  i.registered_unix_ms = m.registered_unix_ms();
+  i.last_used_unix_ms = m.last_used_unix_ms();
+  return i;
+}
+}  // namespace
+
+absl::StatusOr<SharedMemoryInfo> Client::RegisterSharedMemory(const std::string& name,
+                                                              const std::string& key,
+                                                              int64_t offset, int64_t size) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::RegisterSharedMemoryRequest req;
+  req.set_name(name);
+  req.mutable_system()->set_key(key);
+  req.mutable_system()->set_offset(offset);
+  req.mutable_system()->set_size(size);
+  pb::RegisterSharedMemoryResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->RegisterSharedMemory(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  return FromProto(resp.region());
+}
+
+absl::StatusOr<SharedMemoryInfo> Client::RegisterCudaIpc(const std::string& name,
+                                                         const std::string& ipc_handle,
+                                                         int device, int64_t size) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::RegisterSharedMemoryRequest req;
+  req.set_name(name);
+  req.mutable_cuda()->set_ipc_handle(ipc_handle);
+  req.mutable_cuda()->set_device(device);
+  req.mutable_cuda()->set_size(size);
+  pb::RegisterSharedMemoryResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->RegisterSharedMemory(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  return FromProto(resp.region());
+}
+
+absl::Status Client::UnregisterSharedMemory(const std::string& name) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::UnregisterSharedMemoryRequest req;
+  req.set_name(name);
+  pb::UnregisterSharedMemoryResponse resp;
+  return FromGrpc(kernel_stub_->UnregisterSharedMemory(&ctx, req, &resp));
+}
+
+absl::StatusOr<SharedMemoryList> Client::ListSharedMemory() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {});
+  pb::ListSharedMemoryRequest req;
+  pb::ListSharedMemoryResponse resp;
+  absl::Status st = FromGrpc(kernel_stub_->ListSharedMemory(&ctx, req, &resp));
+  if (!st.ok()) return st;
+  SharedMemoryList out;
+  for (const auto& m : resp.regions()) out.regions.push_back(FromProto(m));
+  out.used_bytes = resp.used_bytes();
+  out.quota_bytes = resp.quota_bytes();
+  out.max_regions = resp.max_regions();
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
+                                                               size_t bytes) {
+  std::unique_ptr<ShmSegment> s(new ShmSegment);
+  s->key_ = name.empty() || name[0] != '/' ? "/" + name : name;
+  const int fd = shm_open(s->key_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return absl::ErrnoToStatus(errno, "shm_open " + s->key_);
+  s->owner_ = true;  // unlinked by the destructor, whatever fails below
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int e = errno;
+    close(fd);
+    return absl::ErrnoToStatus(e, "ftruncate " + s->key_);
+  }
+  void* p = bytes == 0 ? nullptr : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  close(fd);  // the mapping keeps the object
+  if (p == MAP_FAILED) return absl::ErrnoToStatus(e, "mmap " + s->key_);
+  s->data_ = p;
+  s->size_ = bytes;
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name) {
+  std::unique_ptr<ShmSegment> s(new ShmSegment);
+  s->key_ = name.empty() || name[0] != '/' ? "/" + name : name;
+  const int fd = shm_open(s->key_.c_str(), O_RDWR, 0);
+  if (fd < 0) return absl::ErrnoToStatus(errno, "shm_open " + s->key_);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    return absl::ErrnoToStatus(e, "fstat " + s->key_);
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* p = bytes == 0 ? nullptr : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  close(fd);
+  if (p == MAP_FAILED) return absl::ErrnoToStatus(e, "mmap " + s->key_);
+  s->data_ = p;
+  s->size_ = bytes;
+  return s;
+}
+
+ShmSegment::~ShmSegment() {
+  if (data_ != nullptr) munmap(data_, size_);
+  if (owner_) shm_unlink(key_.c_str());
 }
 
 absl::StatusOr<HealthStatus> Client::Health(const std::string& service,

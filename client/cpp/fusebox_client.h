@@ -68,8 +68,18 @@ inline constexpr char kReplicaHeader[] = "fusebox-replica";
 // The replica a handle names; empty for a bare one.
 std::string ReplicaOf(const std::string& handle);
 
+// A tensor in a shared-memory region registered with the server (RegisterSharedMemory):
+// `region` is the name it was registered under; the bytes start at `offset`.
+struct SharedRef {
+  std::string region;
+  int64_t offset = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+
 // An op input: a tensor sent inline (implicitly, from a HostTensor, which must
-// outlive the call) or a handle to a tensor the server holds (see Upload).
+// outlive the call), a handle to a tensor the server holds (see Upload), or a
+// tensor in a registered shared-memory region.
 class Arg {
  public:
   Arg(const HostTensor& t) : tensor_(&t) {}  // NOLINT(google-explicit-constructor)
@@ -78,13 +88,62 @@ class Arg {
     a.handle_ = std::move(id);
     return a;
   }
+  static Arg Shared(SharedRef ref) {
+    Arg a;
+    a.shared_ = std::make_shared<SharedRef>(std::move(ref));
+    return a;
+  }
   const HostTensor* tensor() const { return tensor_; }
   const std::string& handle() const { return handle_; }
+  const SharedRef* shared() const { return shared_.get(); }
 
  private:
   Arg() = default;
   const HostTensor* tensor_ = nullptr;
   std::string handle_;
+  std::shared_ptr<const SharedRef> shared_;
+};
+
+// POSIX shared memory of this process for the server to map (same node only; the server
+// needs --allow_shared_memory): shm_open + ftruncate + mmap. The creator unlinks the name when
+// the segment is destroyed; the server's mapping stays valid until it unregisters the region.
+class ShmSegment {
+ public:
+  // A new object "/name" of `bytes` (mode 0600: only this user, and the server if it runs as
+  // the same user or as root); ALREADY_EXISTS if the name is taken.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name,
+                                                            size_t bytes);
+  // An object another process created; unlinked by its creator, not here.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  const std::string& key() const { return key_; }  // "/name", what RegisterSharedMemory takes
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  ShmSegment() = default;
+  std::string key_;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool owner_ = false;
+};
+
+// A registered region as the server describes it.
+struct SharedMemoryInfo {
+  std::string name;
+  bool cuda = false;  // a CUDA IPC region (else POSIX shared memory)
+  std::string key;    // POSIX: the object's name, and where the region starts in it
+  int64_t offset = 0;
+  int64_t size = 0;
+  int device = 0;  // CUDA IPC: the device
+  bool pinned = false;
+  int64_t registered_unix_ms = 0, last_used_unix_ms = 0;
+};
+struct SharedMemoryList {
+  std::vector<SharedMemoryInfo> regions;
+  int64_t used_bytes = 0, quota_bytes = 0, max_regions = 0;  // this caller's
 };
 
 // What the server holds for a handle.
@@ -103,6 +162,9 @@ struct OpResult {
   HostTensor output;
   Timing timing;
   std::string handle;  // set instead of output when the server kept the result
+  // Set when the output went into a shared-memory region (CallOptions::shared_output):
+  // output then has its dtype and shape, and no data.
+  bool shared = false;
 };
 
 enum class Op { kGelu, kSoftmax, kRowSum, kMatmulRelu };
@@ -118,6 +180,10 @@ struct CallOptions {
   MatmulImpl impl = MatmulImpl::kDefault;
   // Keep the output on the server: OpResult::handle is set, output left empty.
   bool keep_on_server = false;
+  // Write the output into this registered shared-memory region, from shared_output_offset
+  // (empty: none). OpResult::shared is set.
+  std::string shared_output_region;
+  int64_t shared_output_offset = 0;
 };
 
 // Called during an Upload or Download with the bytes moved so far and the tensor's size.
@@ -198,6 +264,22 @@ class Client {
   absl::StatusOr<int64_t> FreeTensor(const std::string& handle);  // bytes freed
   absl::StatusOr<TensorList> ListTensors();
   absl::StatusOr<TensorInfo> StatTensor(const std::string& handle);
+  // An upload whose bytes the server reads from a registered shared-memory region.
+  absl::StatusOr<TensorInfo> UploadShared(const SharedRef& source,
+                                          std::chrono::milliseconds timeout = {});
+
+  // Shared memory on the server's node (it must run with --allow_shared_memory). A region is
+  // registered under a name of the caller's choosing, then named by Arg::Shared and
+  // CallOptions::shared_output.
+  absl::StatusOr<SharedMemoryInfo> RegisterSharedMemory(const std::string& name,
+                                                        const std::string& key, int64_t offset,
+                                                        int64_t size);
+  // Device memory exported with cudaIpcGetMemHandle (its bytes); CUDA backend only.
+  absl::StatusOr<SharedMemoryInfo> RegisterCudaIpc(const std::string& name,
+                                                   const std::string& ipc_handle, int device,
+                                                   int64_t size);
+  absl::Status UnregisterSharedMemory(const std::string& name);
+  absl::StatusOr<SharedMemoryList> ListSharedMemory();
 
   // grpc.health.v1.Health/Check; service "" = the whole server.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",

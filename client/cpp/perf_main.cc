@@ -3,8 +3,12 @@
 // once) through the C++ client library, in closed loop (N callers, or a sweep of N) or in open
 // loop at a fixed rate with latency counted from each call's intended send time, and reports
 // latency percentiles, calls/s, errors by gRPC code and the server's own phase medians (from
-// the responses' Timing) as a table, JSON or CSV.
+// the responses' Timing) as a table, JSON or CSV. With --shm the inputs and outputs live in
+// POSIX shared memory registered with the server (same node), so calls carry no tensor bytes.
 #include <CLI/CLI.hpp>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -112,12 +116,27 @@ std::string Num(double v) {
   return buf;
 }
 
+// The bytes of the op's output for these inputs.
+int64_t OutputBytes(fc::Op op, fusebox::DType dtype, const std::vector<int64_t>& shape) {
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  const int64_t es = static_cast<int64_t>(fusebox::ElementSize(dtype));
+  switch (op) {
+    case fc::Op::kRowSum:
+      return shape.empty() || shape.back() == 0 ? 0 : elements / shape.back() * 4;
+    case fc::Op::kMatmulRelu:
+      return shape.size() == 3 ? shape[0] * shape[2] * es : 0;
+    default:
+      return elements * es;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   fc::ConnectionFlags conn = fc::ConnectionFlags::FromEnvironment();
   const std::string& server = conn.server;
-  bool by_handle = false, bias = false;
+  bool by_handle = false, bias = false, use_shm = false;
   std::string op_name = "gelu", dtype_name = "float32", shape_arg = "1024", sweep_arg;
   std::string json_path, csv_path;
   int callers = 1;
@@ -137,6 +156,10 @@ int main(int argc, char** argv) {
   app.add_flag("--bias", bias, "matmul_relu: add a bias of N");
   app.add_flag("--by_handle", by_handle,
                "upload the inputs once and call by handle (default: inputs inline in every call)");
+  app.add_flag("--shm", use_shm,
+               "inputs and outputs in POSIX shared memory registered with the server (same node; "
+               "the server needs --allow_shared_memory): calls name them instead of carrying "
+               "them; each caller writes its own output area");
   app.add_option("--callers", callers, "concurrent callers (closed loop), or the pool that sends "
                  "the calls at --rate (open loop)")
       ->check(CLI::Range(1, 4096))
@@ -183,6 +206,7 @@ int main(int argc, char** argv) {
   if (!ParseShape(shape_arg, &shape)) return usage("bad --shape '" + shape_arg + "'");
   if (op == fc::Op::kMatmulRelu && shape.size() != 3) return usage("matmul_relu takes --shape MxKxN");
   if (bias && op != fc::Op::kMatmulRelu) return usage("--bias is for matmul_relu");
+  if (use_shm && by_handle) return usage("--shm and --by_handle: pick one");
   std::vector<int> counts;
   if (!sweep_arg.empty()) {
     if (rate > 0) return usage("--concurrency_sweep is closed loop; --rate is open loop: pick one");
@@ -230,7 +254,43 @@ int main(int argc, char** argv) {
   }
   std::vector<fc::Arg> args;
   std::vector<std::string> handles;
+  // --shm: one region holds the inputs, then one output area per caller.
+  std::unique_ptr<fc::ShmSegment> segment;
+  const std::string region = "fusebox-perf-" + std::to_string(getpid());
+  std::vector<fc::CallOptions> call_opts(static_cast<size_t>(most));
+  const int64_t out_bytes = OutputBytes(op, dtype, shape);
+  int64_t in_bytes = 0;
+  for (const auto& t : tensors) in_bytes += static_cast<int64_t>(t.data.size());
+  if (use_shm) {
+    auto round = [](int64_t v) { return (v + 4095) / 4096 * 4096; };
+    int64_t in_total = 0;
+    for (const auto& t : tensors) in_total += round(static_cast<int64_t>(t.data.size()));
+    const int64_t total = in_total + most * round(out_bytes);
+    auto seg = fc::ShmSegment::Create(region, static_cast<size_t>(total));
+    if (!seg.ok()) {
+      std::fprintf(stderr, "fusebox-perf: %s\n", seg.status().ToString().c_str());
+      return 1;
+    }
+    segment = *std::move(seg);
+    int64_t at = 0;
+    for (const auto& t : tensors) {
+      std::memcpy(static_cast<char*>(segment->data()) + at, t.data.data(), t.data.size());
+      args.push_back(fc::Arg::Shared(fc::SharedRef{region, at, t.dtype, t.shape}));
+      at += round(static_cast<int64_t>(t.data.size()));
+    }
+    auto info = clients[0]->RegisterSharedMemory(region, segment->key(), 0, total);
+    if (!info.ok()) {
+      std::fprintf(stderr, "fusebox-perf: RegisterSharedMemory failed: %s\n",
+                   info.status().ToString().c_str());
+      return 1;
+    }
+    for (int c = 0; c < most; ++c) {
+      call_opts[static_cast<size_t>(c)].shared_output_region = region;
+      call_opts[static_cast<size_t>(c)].shared_output_offset = in_total + c * round(out_bytes);
+    }
+  }
   for (const auto& t : tensors) {
+    if (use_shm) break;
     if (!by_handle) {
       args.emplace_back(t);
       continue;
@@ -252,7 +312,8 @@ int main(int argc, char** argv) {
         static_cast<size_t>(n), std::vector<std::vector<double>>(kNumPhases));
     auto call = [&](int c, bool measured) {
       fc::OpResult& r = results[static_cast<size_t>(c)];
-      const absl::Status st = clients[static_cast<size_t>(c)]->Call(op, args, &r);
+      const absl::Status st =
+          clients[static_cast<size_t>(c)]->Call(op, args, &r, call_opts[static_cast<size_t>(c)]);
       if (st.ok() && measured) {
         const fc::Timing& t = r.timing;
         const double v[kNumPhases] = {t.queue_us,  t.copy_in_us,  t.launch_us,
@@ -274,13 +335,14 @@ int main(int argc, char** argv) {
     runs.push_back(std::move(run));
   }
   for (const auto& h : handles) (void)clients[0]->FreeTensor(h);
+  if (segment) (void)clients[0]->UnregisterSharedMemory(region);
 
   // The table.
   std::ostringstream shape_str;
   for (size_t i = 0; i < shape.size(); ++i) shape_str << (i ? "x" : "") << shape[i];
   std::fprintf(table_out, "fusebox-perf: %s %s %s, %s, %s loop, %.1f s per run (+%.1f s warm-up), server %s\n",
                op_name.c_str(), dtype_name.c_str(), shape_str.str().c_str(),
-               by_handle ? "by handle" : "inline", rate > 0 ? "open" : "closed", duration_s,
+               use_shm ? "shared memory" : by_handle ? "by handle" : "inline", rate > 0 ? "open" : "closed", duration_s,
                warmup_s, server.c_str());
   std::fprintf(table_out, "%7s %9s %9s %10s %9s %9s %9s %9s %6s  %s\n", "callers", "rate/s",
                "calls", "calls/s", "p50 us", "p90 us", "p99 us", "p99.9 us", "late", "errors");
@@ -298,6 +360,15 @@ int main(int argc, char** argv) {
                  load::Percentile(r.result.latency_us, 0.99),
                  load::Percentile(r.result.latency_us, 0.999),
                  static_cast<long long>(r.result.late), errs.empty() ? "none" : errs.c_str());
+    // Bandwidth at the median latency: what one call moves end to end.
+    const double p50 = load::Percentile(r.result.latency_us, 0.5);
+    if (p50 > 0) {
+      std::fprintf(table_out,
+                   "        %lld bytes in, %lld out per call: at the median latency %.2f GB/s of "
+                   "input, %.2f GB/s in+out\n",
+                   static_cast<long long>(in_bytes), static_cast<long long>(out_bytes),
+                   in_bytes / p50 / 1e3, (in_bytes + out_bytes) / p50 / 1e3);
+    }
   }
   std::fprintf(table_out, "server medians (us):");
   for (int k = 0; k < kNumPhases; ++k) std::fprintf(table_out, " %10s", kPhases[k]);
@@ -322,7 +393,7 @@ int main(int argc, char** argv) {
     j << "{\"server\": " << JsonString(server) << ", \"op\": " << JsonString(op_name)
       << ", \"dtype\": " << JsonString(dtype_name) << ", \"shape\": [";
     for (size_t i = 0; i < shape.size(); ++i) j << (i ? ", " : "") << shape[i];
-    j << "], \"input\": " << JsonString(by_handle ? "handle" : "inline")
+    j << "], \"input\": " << JsonString(use_shm ? "shm" : by_handle ? "handle" : "inline")
       << ", \"mode\": " << JsonString(rate > 0 ? "open" : "closed")
       << ", \"warmup_s\": " << Num(warmup_s) << ", \"duration_s\": " << Num(duration_s)
       << ", \"runs\": [";
@@ -363,7 +434,7 @@ int main(int argc, char** argv) {
     for (const Run& r : runs) {
       std::string errs;
       for (auto [code, k] : r.result.errors) errs += (errs.empty() ? "" : " ") + CodeName(code) + ":" + std::to_string(k);
-      c << op_name << "," << dtype_name << "," << shape_str.str() << "," << (by_handle ? "handle" : "inline")
+      c << op_name << "," << dtype_name << "," << shape_str.str() << "," << (use_shm ? "shm" : by_handle ? "handle" : "inline")
         << "," << (rate > 0 ? "open" : "closed") << "," << r.callers << "," << Num(r.rate) << ","
         << r.result.calls << "," << r.result.latency_us.size() << "," << Num(r.result.calls_per_s()) << ","
         << r.result.late;

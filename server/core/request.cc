@@ -41,6 +41,19 @@ absl::StatusOr<TensorArg> CheckArg(const v1::TensorRef& ref, bool present, const
     return Invalid(absl::StrCat(name, " is missing: set ", name, ".tensor or ", name, ".handle"));
   }
   TensorArg arg;
+  if (ref.ref_case() == v1::TensorRef::kShared) {
+    auto src = ResolveShared(ref.shared(), ctx, absl::StrCat(name, ".shared"));
+    if (!src.ok()) return src.status();
+    arg.dtype = src->dtype;
+    arg.shape = std::move(src->shape);
+    arg.bytes = src->bytes;
+    arg.elements = arg.bytes / static_cast<int64_t>(ElementSize(arg.dtype));
+    arg.data = src->data;
+    arg.resident = src->region->resident;
+    p->shared_inputs.push_back({src->region.get(), ref.shared().offset(), src->bytes});
+    p->regions.push_back(std::move(src->region));
+    return arg;
+  }
   if (ref.ref_case() == v1::TensorRef::kHandle) {
     if (ctx.store == nullptr) {
       return absl::UnimplementedError(
@@ -88,6 +101,52 @@ absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
   return absl::OkStatus();
 }
 
+// An output written into a shared-memory region (OutputOptions.shared): checked like an input
+// (the caller's region, in range, writable, its file intact), and never overlapping an input
+// in the same region, which the kernels do not allow for. The server holds none of its bytes.
+absl::Status SharedOutput(DType dtype, const std::vector<int64_t>& shape, int64_t bytes,
+                          const v1::OutputOptions& opts, const RequestContext& ctx,
+                          PreparedCall* p, bool host_built) {
+  if (opts.keep_on_server()) {
+    return Invalid("output_options: keep_on_server and shared exclude each other; pick one");
+  }
+  const v1::SharedOutput& so = opts.shared();
+  if (ctx.shm == nullptr) return absl::FailedPreconditionError("this server has no shared memory");
+  auto region = ctx.shm->Get(ctx.tenant, so.region());
+  if (!region.ok()) return region.status();
+  auto span = SharedMemoryRegistry::Span(**region, so.offset(), bytes, /*write=*/true,
+                                         "output_options.shared");
+  if (!span.ok()) return span.status();
+  if (host_built && (*region)->resident && bytes > 0) {
+    return absl::UnimplementedError(
+        "a result that needs no kernel (empty rows or K = 0) cannot be written into CUDA IPC "
+        "memory; fill it on the client");
+  }
+  for (const auto& in : p->shared_inputs) {
+    if (in.region == region->get() && bytes > 0 && in.bytes > 0 && so.offset() < in.offset + in.bytes &&
+        in.offset < so.offset() + bytes) {
+      return Invalid(absl::StrCat("output_options.shared: the output's bytes [", so.offset(), ", ",
+                                  so.offset() + bytes, ") overlap an input's [", in.offset, ", ",
+                                  in.offset + in.bytes, ") in region '", so.region(),
+                                  "'; write it elsewhere"));
+    }
+  }
+  if (ctx.inflight != nullptr && p->bytes_in > 0) {  // only the request's inline inputs
+    p->inflight = ctx.inflight->TryReserve(p->bytes_in, ctx.tenant);
+    if (p->inflight == nullptr) return ctx.inflight->Refusal(p->bytes_in, ctx.tenant, "call");
+  }
+  p->call.output = *span;
+  p->call.output_bytes = static_cast<size_t>(bytes);
+  p->call.output_resident = (*region)->resident;
+  p->has_shared_output = true;
+  p->shared_output.set_region(so.region());
+  p->shared_output.set_offset(so.offset());
+  p->shared_output.set_dtype(static_cast<v1::DType>(dtype));
+  for (int64_t d : shape) p->shared_output.add_shape(d);
+  p->regions.push_back(*std::move(region));
+  return absl::OkStatus();
+}
+
 // Shapes the output (inline in `out`, or a new resident tensor when kept) and
 // points the call at its bytes. `host_built`: a non-empty result that needs no
 // kernel (an empty row sum, K = 0), built in host memory (TrivialOutput) even when
@@ -96,10 +155,14 @@ absl::Status NeedRankAtLeast1(const TensorArg& a, const char* op) {
 // kMaxNoKernelOutputBytes where they are smaller: whatever the request, the reply is
 // at most that much larger than it.
 absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t elements,
-                         bool keep, const RequestContext& ctx, v1::Tensor* out, PreparedCall* p,
-                         bool host_built = false) {
+                         const v1::OutputOptions& opts, const RequestContext& ctx,
+                         v1::Tensor* out, PreparedCall* p, bool host_built = false) {
   const int64_t bytes = elements * static_cast<int64_t>(ElementSize(dtype));
+  const bool keep = opts.keep_on_server();
   p->trivial = elements == 0;
+  if (opts.has_shared()) {
+    return SharedOutput(dtype, shape, bytes, opts, ctx, p, host_built);
+  }
   if (keep && ctx.store == nullptr) {
     return absl::UnimplementedError("keep_on_server: this server holds no tensors");
   }
@@ -175,6 +238,39 @@ absl::Status SetRows(const TensorArg& a, PreparedCall* p) {
 
 }  // namespace
 
+absl::Status SharedRegionsIntact(const PreparedCall& p) {
+  for (const auto& r : p.regions) {
+    if (r->Faulted()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shared-memory region '", r->name,
+          "' was truncated while this call used it (its file shrank): the result is lost; "
+          "unregister the region and register it again"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SharedSource> ResolveShared(const v1::SharedTensor& ref, const RequestContext& ctx,
+                                           const std::string& what) {
+  if (ctx.shm == nullptr) return absl::FailedPreconditionError("this server has no shared memory");
+  if (absl::Status s = ctx.shm->Allowed(); !s.ok()) return s;
+  SharedSource src;
+  auto dtype = CheckedDType(ref.dtype(), what.c_str());
+  if (!dtype.ok()) return dtype.status();
+  auto bytes = CheckedBytes(*dtype, ref.shape(), what.c_str());
+  if (!bytes.ok()) return bytes.status();
+  auto region = ctx.shm->Get(ctx.tenant, ref.region());
+  if (!region.ok()) return region.status();
+  auto span = SharedMemoryRegistry::Span(**region, ref.offset(), *bytes, /*write=*/false, what);
+  if (!span.ok()) return span.status();
+  src.region = *std::move(region);
+  src.dtype = *dtype;
+  src.shape.assign(ref.shape().begin(), ref.shape().end());
+  src.bytes = *bytes;
+  src.data = *span;
+  return src;
+}
+
 absl::StatusOr<DType> CheckedDType(v1::DType dtype, const char* what) {
   if (dtype == v1::DTYPE_UNSPECIFIED) {
     return Invalid(absl::StrCat(what, ".dtype is unspecified: use FLOAT32, FLOAT16 or BFLOAT16"));
@@ -214,8 +310,10 @@ absl::StatusOr<PreparedCall> PrepareGelu(const v1::GeluRequest& req, const Reque
   if (!a.ok()) return a.status();
   p.call.rows = 1;  // elementwise: any shape is one flat row
   p.call.cols = a->elements;
-  const bool keep = req.output_options().keep_on_server();
-  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) return s;
+  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, req.output_options(), ctx, out, &p);
+      !s.ok()) {
+    return s;
+  }
   return p;
 }
 
@@ -225,8 +323,10 @@ absl::StatusOr<PreparedCall> PrepareSoftmax(const v1::SoftmaxRequest& req,
   auto a = UnaryInput(Op::kSoftmax, req, ctx, &p);
   if (!a.ok()) return a.status();
   if (auto s = SetRows(*a, &p); !s.ok()) return s;
-  const bool keep = req.output_options().keep_on_server();
-  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, keep, ctx, out, &p); !s.ok()) return s;
+  if (auto s = ShapeOutput(a->dtype, a->shape, a->elements, req.output_options(), ctx, out, &p);
+      !s.ok()) {
+    return s;
+  }
   return p;
 }
 
@@ -249,8 +349,8 @@ absl::StatusOr<PreparedCall> PrepareRowSum(const v1::RowSumRequest& req,
   }
   const int64_t rows = obytes / static_cast<int64_t>(sizeof(float));
   p.call.rows = rows;
-  const bool keep = req.output_options().keep_on_server();
-  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, keep, ctx, out, &p, cols == 0);
+  if (auto s = ShapeOutput(DType::kFloat32, oshape, rows, req.output_options(), ctx, out, &p,
+                           cols == 0);
       !s.ok()) {
     return s;
   }
@@ -322,8 +422,8 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
   if (k == 0 && elements > 0 && p.call.inputs[2] != nullptr && p.call.input_resident[2]) {
     return absl::UnimplementedError("K = 0 with a bias held on the server; send the bias inline");
   }
-  if (auto s = ShapeOutput(a->dtype, {m, n}, elements, req.output_options().keep_on_server(), ctx,
-                           out, &p, k == 0);
+  if (auto s = ShapeOutput(a->dtype, {m, n}, elements, req.output_options(), ctx, out, &p,
+                           k == 0);
       !s.ok()) {
     return s;
   }

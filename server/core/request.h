@@ -14,6 +14,7 @@
 #include "fusebox/v1/kernel_service.pb.h"
 #include "server/exec/backend.h"
 #include "server/core/inflight_bytes.h"
+#include "server/core/shared_memory.h"
 #include "server/core/tensor_store.h"
 
 namespace fusebox {
@@ -33,6 +34,7 @@ struct RequestContext {
   TensorStore* store = nullptr;
   InflightBytes* inflight = nullptr;  // null: no limit
   std::string tenant = "anonymous";
+  SharedMemoryRegistry* shm = nullptr;  // null: TensorRef.shared is FAILED_PRECONDITION
 };
 
 // A validated call. `trivial` means there is nothing for the backend to
@@ -48,7 +50,33 @@ struct PreparedCall {
   std::vector<std::shared_ptr<StoredTensor>> held;  // resident inputs, kept alive
   std::shared_ptr<StoredTensor> kept_output;        // commit on success
   std::shared_ptr<void> inflight;                   // the InflightBytes reservation
+  // Shared-memory regions the call reads or writes, kept mapped until it ends; and, when its
+  // output goes into one, the reply's description of it (has_shared_output).
+  std::vector<std::shared_ptr<SharedRegion>> regions;
+  struct SharedInput {
+    const SharedRegion* region;
+    int64_t offset, bytes;
+  };
+  std::vector<SharedInput> shared_inputs;  // to refuse an output that overlaps one
+  bool has_shared_output = false;
+  v1::SharedTensor shared_output;
 };
+
+// OK, or FAILED_PRECONDITION when a region the call used was truncated under it (its SIGBUS
+// guard fired): the call's result is lost. Asked once the backend is done.
+absl::Status SharedRegionsIntact(const PreparedCall& p);
+
+// Resolves a SharedTensor (Upload's source): the region, held, and a checked pointer to its
+// bytes; `what` names it in messages.
+struct SharedSource {
+  std::shared_ptr<SharedRegion> region;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  int64_t bytes = 0;
+  void* data = nullptr;
+};
+absl::StatusOr<SharedSource> ResolveShared(const v1::SharedTensor& ref, const RequestContext& ctx,
+                                           const std::string& what);
 
 // `out` receives the inline output tensor (shaped, sized), unless the request
 // keeps its output on the server; then kept_output is set instead.

@@ -139,6 +139,19 @@ class Backend {
                           int64_t enqueued_ns, OpDone done);
   // Stops taking calls, finishes the queued ones, joins threads. Idempotent.
   virtual void Shutdown() = 0;
+
+  // Shared memory (server/core/shared_memory.h). Host memory mapped from a client's
+  // shared-memory object, made ready for fast copies (CUDA: cudaHostRegister, so host <->
+  // device copies of it are direct DMA instead of going through staging). The token undoes it
+  // when dropped, which must happen before the memory is unmapped and only after every call
+  // using it has had its `done`. Null token: nothing was needed (the CPU backend).
+  virtual absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* data, size_t bytes);
+  // Device memory another process exported with cudaIpcGetMemHandle (`handle`, its bytes),
+  // opened for use as resident memory (an OpCall's input_resident / output_resident, a
+  // SubmitWrite source); closed when the Buffer is destroyed. FAILED_PRECONDITION on a
+  // backend without a GPU.
+  virtual absl::StatusOr<std::unique_ptr<Buffer>> OpenIpcMemory(const std::string& handle,
+                                                                int device, size_t bytes);
 };
 
 // A backend whose kernels take every valid call (the CPU's) keeps this.
@@ -153,6 +166,16 @@ inline void Backend::SubmitWrite(Buffer*, size_t, const void*, size_t, int64_t, 
 }
 inline void Backend::SubmitRead(const Buffer*, size_t, void*, size_t, int64_t, OpDone done) {
   done(absl::UnimplementedError(name() + " backend cannot hold tensors"), OpTiming{});
+}
+// Host memory needs nothing to be copied from at full speed on the CPU.
+inline absl::StatusOr<std::shared_ptr<void>> Backend::RegisterHostMemory(void*, size_t) {
+  return std::shared_ptr<void>();
+}
+inline absl::StatusOr<std::unique_ptr<Buffer>> Backend::OpenIpcMemory(const std::string&, int,
+                                                                      size_t) {
+  return absl::FailedPreconditionError(
+      "CUDA IPC memory needs the CUDA backend; this server runs the " + name() +
+      " backend: register POSIX shared memory (system) instead");
 }
 
 }  // namespace fusebox

@@ -73,6 +73,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   // only while the caller still waits for its handle (BeforeCommit).
   auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
                                                      const OpTiming& t, PreparedCall* p) {
+    if (s.ok()) s = SharedRegionsIntact(*p);  // a file truncated under the call
     if (s.ok() && p->kept_output) {
       s = reactor->Cancelled()
               ? absl::CancelledError("the call was cancelled; its output was not kept")
@@ -84,6 +85,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
         store_->Commit(p->kept_output);
         output->set_handle(p->kept_output->handle);
         reactor->Kept(*p->kept_output);
+      } else if (p->has_shared_output) {
+        output->mutable_shared()->Swap(&p->shared_output);
       }
       FillTiming(t, *backend_, timing);
       record.ran = true;

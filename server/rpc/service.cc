@@ -40,7 +40,8 @@ void OpReactor::Reply(const grpc::Status& s) {
 }
 
 KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
-                                     const Authenticator* auth, RequestLimits limits)
+                                     const Authenticator* auth, RequestLimits limits,
+                                     SharedMemoryRegistry* shm)
     : backend_(backend),
       metrics_(metrics),
       store_(store),
@@ -51,7 +52,8 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
                                                       limits.max_sending_bytes,
                                                       limits.max_tenant_inflight_bytes)
                     : nullptr),
-      stalls_(limits.stall_timeout_seconds) {}
+      stalls_(limits.stall_timeout_seconds),
+      shm_(shm) {}
 
 int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
 
@@ -89,6 +91,7 @@ absl::StatusOr<RequestContext> KernelServiceImpl::Context(
   c.limits = limits_;
   c.store = store_;
   c.inflight = inflight_.get();
+  c.shm = shm_;
   c.tenant = *std::move(tenant);
   return c;
 }

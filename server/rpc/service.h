@@ -22,7 +22,10 @@
 
 namespace fusebox {
 
-using RawKernelService = v1::KernelService::WithRawCallbackMethod_Gelu<
+using RawKernelService = v1::KernelService::WithRawCallbackMethod_RegisterSharedMemory<
+    v1::KernelService::WithRawCallbackMethod_UnregisterSharedMemory<
+    v1::KernelService::WithRawCallbackMethod_ListSharedMemory<
+    v1::KernelService::WithRawCallbackMethod_Gelu<
     v1::KernelService::WithRawCallbackMethod_Softmax<
         v1::KernelService::WithRawCallbackMethod_RowSum<
             v1::KernelService::WithRawCallbackMethod_MatmulRelu<
@@ -30,14 +33,16 @@ using RawKernelService = v1::KernelService::WithRawCallbackMethod_Gelu<
                     v1::KernelService::WithRawCallbackMethod_Download<
                         v1::KernelService::WithRawCallbackMethod_FreeTensor<
                             v1::KernelService::WithRawCallbackMethod_ListTensors<
-                                v1::KernelService::Service>>>>>>>>;
+                                v1::KernelService::Service>>>>>>>>>>>;
 
 class KernelServiceImpl final : public RawKernelService {
  public:
   // `metrics` and `store` may be null (no /metrics; no resident tensors).
   // All must outlive this.
+  // `shm`: registered shared memory; null = none (RegisterSharedMemory refused).
   KernelServiceImpl(Backend* backend, Metrics* metrics, TensorStore* store,
-                    const Authenticator* auth, RequestLimits limits);
+                    const Authenticator* auth, RequestLimits limits,
+                    SharedMemoryRegistry* shm = nullptr);
 
   grpc::ServerUnaryReactor* Gelu(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* resp) override;
@@ -59,6 +64,16 @@ class KernelServiceImpl final : public RawKernelService {
   grpc::ServerUnaryReactor* ListTensors(grpc::CallbackServerContext* ctx,
                                         const grpc::ByteBuffer* req,
                                         grpc::ByteBuffer* resp) override;
+  // shared_memory.cc
+  grpc::ServerUnaryReactor* RegisterSharedMemory(grpc::CallbackServerContext* ctx,
+                                                 const grpc::ByteBuffer* req,
+                                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* UnregisterSharedMemory(grpc::CallbackServerContext* ctx,
+                                                   const grpc::ByteBuffer* req,
+                                                   grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* ctx,
+                                             const grpc::ByteBuffer* req,
+                                             grpc::ByteBuffer* resp) override;
 
   // Cancels the calls that have waited on their clients past the stall timeout (StallWatch);
   // returns how many. The server's sweeper calls it.
@@ -106,6 +121,7 @@ class KernelServiceImpl final : public RawKernelService {
   const RequestLimits limits_;
   const std::unique_ptr<InflightBytes> inflight_;  // null: no limit
   StallWatch stalls_;
+  SharedMemoryRegistry* const shm_;  // null: no shared memory
 };
 
 }  // namespace fusebox

@@ -50,9 +50,12 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
     }
     if (absl::Status parsed = ParseRequest(&wire_, &msg_); !parsed.ok()) return Fail(parsed);
     if (!tensor_) {
+      if (msg_.has_shared()) return BeginShared();
       if (auto s = Begin(); !s.ok()) return Fail(s);
-    } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0) {
-      return Fail(absl::InvalidArgumentError("dtype and shape belong in the first message only"));
+    } else if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0 ||
+               msg_.has_shared()) {
+      return Fail(absl::InvalidArgumentError(
+          "dtype, shape and shared belong in the first message only"));
     }
     const int64_t n = static_cast<int64_t>(msg_.data().size());
     if (written_ + n > tensor_->bytes) {
@@ -114,6 +117,40 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
     if (!t.ok()) return t.status();
     tensor_ = *std::move(t);
     return absl::OkStatus();
+  }
+
+  // An upload whose bytes come from a registered shared-memory region (UploadRequest.shared):
+  // one copy from the region into the new tensor, the region held mapped until it is done;
+  // then the client closes its side as after any upload.
+  void BeginShared() {
+    started_ns_ = SteadyNowNs();
+    if (msg_.dtype() != v1::DTYPE_UNSPECIFIED || msg_.shape_size() > 0 || !msg_.data().empty()) {
+      return Fail(absl::InvalidArgumentError(
+          "an upload from shared memory takes dtype and shape from shared, and sends no data"));
+    }
+    RequestContext c;
+    c.tenant = tenant_;
+    c.shm = svc_->shm_;
+    auto src = ResolveShared(msg_.shared(), c, "upload.shared");
+    if (!src.ok()) return Fail(src.status());
+    auto t = svc_->store_->Create(tenant_, src->dtype, src->shape);
+    if (!t.ok()) return Fail(t.status());
+    tensor_ = *std::move(t);
+    if (src->bytes == 0) return Read();
+    std::shared_ptr<SharedRegion> region = std::move(src->region);
+    const int64_t n = src->bytes;
+    svc_->backend_->SubmitWrite(tensor_->buffer.get(), 0, src->data, static_cast<size_t>(n),
+                                SteadyNowNs(),
+                                [this, n, region](absl::Status s, const OpTiming&) {
+                                  if (s.ok() && region->Faulted()) {
+                                    s = absl::FailedPreconditionError(absl::StrCat(
+                                        "shared-memory region '", region->name,
+                                        "' was truncated while it was read; nothing was kept"));
+                                  }
+                                  if (!s.ok()) return Fail(s);
+                                  written_ += n;
+                                  Read();
+                                });
   }
 
   void Complete() {

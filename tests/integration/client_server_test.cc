@@ -4,6 +4,7 @@
 // deadlines, concurrency, a clean exit on SIGTERM, and the Router over three replicas.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <set>
 #include <thread>
@@ -525,6 +526,66 @@ TEST(RouterTest, CallsNamingAHandleReachTheReplicaHoldingIt) {
   auto named = client::Router::Create(
       {"r" + std::to_string(owner) + "=" + servers[owner].address()}, Client::Options());
   EXPECT_TRUE(named->Download(held->handle).ok());
+}
+
+
+// The C++ client's shared memory on a server with --allow_shared_memory: a POSIX segment made
+// by ShmSegment, registered, a GeLU read from it and written into it (the same bits as inline),
+// matmul operands read from it into an inline result, Upload from it, listing and unregister.
+TEST(SharedMemoryClientTest, ClientReadsAndWritesRegionsThroughTheServer) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--allow_shared_memory"})) << server.error();
+  auto c = Client::Create(server.address());
+  const int64_t n = 4099;
+  const HostTensor x = Random(DType::kFloat32, {n}, 7);
+  auto seg = client::ShmSegment::Create("fusebox-cc-test-" + std::to_string(getpid()), 3 * n * 4);
+  ASSERT_TRUE(seg.ok()) << seg.status();
+  std::memcpy((*seg)->data(), x.data.data(), x.data.size());
+  auto info = c->RegisterSharedMemory("io", (*seg)->key(), 0, 3 * n * 4);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->size, 3 * n * 4);
+  EXPECT_FALSE(info->pinned);  // nothing to pin on the CPU backend
+  client::CallOptions opts;
+  opts.shared_output_region = "io";
+  opts.shared_output_offset = n * 4;
+  client::OpResult r;
+  ASSERT_TRUE(c->Call(client::Op::kGelu,
+                      {client::Arg::Shared({"io", 0, DType::kFloat32, {n}})}, &r, opts)
+                  .ok());
+  EXPECT_TRUE(r.shared);
+  EXPECT_EQ(r.output.shape, std::vector<int64_t>{n});
+  EXPECT_TRUE(r.output.data.empty());
+  auto inline_result = c->Gelu(x);
+  ASSERT_TRUE(inline_result.ok());
+  EXPECT_EQ(std::memcmp(static_cast<char*>((*seg)->data()) + n * 4,
+                        inline_result->output.data.data(), n * 4),
+            0);
+  // Operands from the region, the result inline.
+  auto mm = c->MatmulRelu(client::Arg::Shared({"io", 0, DType::kFloat32, {1, n}}),
+                          client::Arg::Shared({"io", 0, DType::kFloat32, {n, 1}}), nullptr);
+  ASSERT_TRUE(mm.ok()) << mm.status();
+  double dot = 0;
+  const std::vector<float> xf = x.ToFloats();
+  for (float v : xf) dot += double{v} * v;
+  EXPECT_NEAR(mm->output.ToFloats()[0], dot, 1e-3 * dot);
+  auto up = c->UploadShared({"io", n * 4, DType::kFloat32, {n}});
+  ASSERT_TRUE(up.ok()) << up.status();
+  auto down = c->Download(up->handle);
+  ASSERT_TRUE(down.ok());
+  EXPECT_EQ(down->data, inline_result->output.data);
+  auto list = c->ListSharedMemory();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->regions.size(), 1u);
+  EXPECT_EQ(list->regions[0].key, (*seg)->key());
+  EXPECT_EQ(list->used_bytes, 3 * n * 4);
+  // Past the region's end: INVALID_ARGUMENT, and the output bytes are untouched.
+  EXPECT_EQ(c->Call(client::Op::kGelu,
+                    {client::Arg::Shared({"io", 2 * n * 4 + 4, DType::kFloat32, {n}})}, &r, opts)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c->UnregisterSharedMemory("io").ok());
+  EXPECT_EQ(c->UnregisterSharedMemory("io").code(), absl::StatusCode::kNotFound);
+  server.Stop();
 }
 
 }  // namespace

@@ -397,7 +397,8 @@ TEST_F(MetricsTest, UnknownMethodAndOutOfRangeCodeStayBounded) {
 TEST_F(MetricsTest, MethodsComeFromTheServiceDescriptor) {
   const auto s = Scrape();
   for (const char* m : {"Gelu", "Softmax", "RowSum", "MatmulRelu", "Upload", "Download",
-                        "FreeTensor", "ListTensors", "other"}) {
+                        "FreeTensor", "ListTensors", "RegisterSharedMemory",
+                        "UnregisterSharedMemory", "ListSharedMemory", "other"}) {
     EXPECT_FALSE(std::isnan(Value(s, "fusebox_calls_total", {{"method", m}, {"code", "OK"}})))
         << m;
   }

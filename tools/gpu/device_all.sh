@@ -27,7 +27,8 @@ declare -A targets=(
   [kernels]="fusebox_gpu_kernels_test fusebox_gpu_bench_memory_bound fusebox_memory_bound_capi"
   [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
   [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
-         fusebox_metrics_bench fusebox-rpc-bench fusebox_gpu_cuda_backend_test"
+         fusebox_metrics_bench fusebox-rpc-bench fusebox_gpu_cuda_backend_test
+         fusebox_gpu_shared_memory_test fusebox_gpu_ipc_exporter fusebox-perf"
 )
 declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
@@ -41,7 +42,9 @@ declare -A files=(
   [e2e]="$b/server/fusebox-server $b/server/libfusebox_cuda_backend.so $b/bench/e2e/fusebox-e2e
          $b/bench/gpu/fusebox_gpu_bench_memory_bound $b/bench/metrics/fusebox_metrics_bench
          $b/bench/rpc/fusebox-rpc-bench $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
-         $b/tests/gpu/fusebox_gpu_cuda_backend_test tools/gpu/ab_servers.sh tools/soak.py"
+         $b/tests/gpu/fusebox_gpu_cuda_backend_test tools/gpu/ab_servers.sh tools/soak.py
+         $b/tests/gpu/fusebox_gpu_shared_memory_test $b/tests/gpu/fusebox_gpu_ipc_exporter
+         $b/client/fusebox-perf"
 )
 c=$(git rev-parse --short HEAD)
 declare -A command=(

@@ -390,6 +390,8 @@ class Request:
         self.inline_bytes = 0
 
     def ref(self, x: Any, dtype: DTypeArg) -> pb.TensorRef:
+        if isinstance(x, SharedTensor):
+            return pb.TensorRef(shared=x.message())
         if isinstance(x, (Handle, str)):
             hid = handle_id(x)
             self.handles.append(hid)
@@ -407,21 +409,33 @@ REQUESTS: Dict[str, Any] = {
     "MatmulRelu": (pb.MatmulReluRequest, pb.MatmulReluResponse),
     "FreeTensor": (pb.FreeTensorRequest, pb.FreeTensorResponse),
     "ListTensors": (pb.ListTensorsRequest, pb.ListTensorsResponse),
+    "RegisterSharedMemory": (pb.RegisterSharedMemoryRequest, pb.RegisterSharedMemoryResponse),
+    "UnregisterSharedMemory": (pb.UnregisterSharedMemoryRequest,
+                               pb.UnregisterSharedMemoryResponse),
+    "ListSharedMemory": (pb.ListSharedMemoryRequest, pb.ListSharedMemoryResponse),
 }
 
 _IMPLS = {"default": 0, "cublaslt": 1, "tiled": 2}
 
 
-def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool) -> Request:
+def output_options(keep: bool, out: Optional["SharedOutput"]) -> pb.OutputOptions:
+    if out is None:
+        return pb.OutputOptions(keep_on_server=keep)
+    return pb.OutputOptions(keep_on_server=keep,
+                            shared=pb.SharedOutput(region=out.region, offset=out.offset))
+
+
+def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool,
+                  out: Optional["SharedOutput"] = None) -> Request:
     req_type = REQUESTS[method][0]
     r = Request(method, None)
-    r.message = req_type(input=r.ref(x, dtype),
-                         output_options=pb.OutputOptions(keep_on_server=keep))
+    r.message = req_type(input=r.ref(x, dtype), output_options=output_options(keep, out))
     return r
 
 
 def matmul_request(a: Any, b: Any, bias: Any, dtype: DTypeArg, allow_tf32: bool,
-                   impl: Union[int, str], keep: bool) -> Request:
+                   impl: Union[int, str], keep: bool,
+                   out: Optional["SharedOutput"] = None) -> Request:
     r = Request("MatmulRelu", None)
     ra = r.ref(a, dtype)
     want = dtype
@@ -430,7 +444,7 @@ def matmul_request(a: Any, b: Any, bias: Any, dtype: DTypeArg, allow_tf32: bool,
     impl_value = cast("pb.MatmulImpl", _IMPLS[impl] if isinstance(impl, str)
                       else int(impl))
     msg = pb.MatmulReluRequest(a=ra, b=r.ref(b, want), allow_tf32=allow_tf32, impl=impl_value,
-                               output_options=pb.OutputOptions(keep_on_server=keep))
+                               output_options=output_options(keep, out))
     if bias is not None:
         msg.bias.CopyFrom(r.ref(bias, want))
     r.message = msg
@@ -444,6 +458,8 @@ def op_result(resp: Any, rpc_us: float, freer: Freer, output: OutputKind,
     out: Any
     if resp.output.HasField("handle"):
         out = Handle(resp.output.handle, _freer=freer)
+    elif resp.output.HasField("shared"):
+        out = SharedTensor.from_message(resp.output.shared)
     elif resp.output.HasField("tensor"):
         t = resp.output.tensor
         out = decode(t.dtype, tuple(t.shape), t.data, output=output, bf16_output=bf16_output)
@@ -540,3 +556,108 @@ def health_status(buf: bytes) -> str:
 
 def identity(b: bytes) -> bytes:
     return b
+
+
+# --- shared memory ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SharedTensor:
+    """A tensor in a shared-memory region registered with the server (``register_shared_memory``):
+    ``region`` is the name it was registered under, the bytes start at ``offset``. Pass it
+    wherever an input goes, and to ``upload``; ops that write into a region return one."""
+    region: str
+    offset: int
+    dtype: str  # "float32", "float16" or "bfloat16"
+    shape: Tuple[int, ...]
+
+    def message(self) -> pb.SharedTensor:
+        return pb.SharedTensor(region=self.region, offset=self.offset,
+                               dtype=cast("pb.DType", DTYPE_VALUES[self.dtype]),
+                               shape=list(self.shape))
+
+    @staticmethod
+    def from_message(m: pb.SharedTensor) -> "SharedTensor":
+        return SharedTensor(m.region, int(m.offset), dtype_name(m.dtype),
+                            tuple(int(d) for d in m.shape))
+
+    @property
+    def nbytes(self) -> int:
+        n = element_bytes(DTYPE_VALUES[self.dtype])
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True)
+class SharedOutput:
+    """Where an op writes its output: a registered region and a byte offset in it."""
+    region: str
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class SharedMemoryInfo:
+    """A registered region as the server describes it. kind: "system" (POSIX shared memory:
+    key, offset into the object) or "cuda" (an IPC handle: device)."""
+    name: str
+    kind: str
+    size: int
+    key: str = ""
+    offset: int = 0
+    device: int = 0
+    pinned: bool = False
+    registered_unix_ms: int = 0
+    last_used_unix_ms: int = 0
+
+
+DTYPE_VALUES = {"float32": 1, "float16": 2, "bfloat16": 3}
+
+
+def shared_memory_info(m: pb.SharedMemoryInfo) -> SharedMemoryInfo:
+    if m.HasField("cuda"):
+        return SharedMemoryInfo(m.name, "cuda", int(m.cuda.size), device=int(m.cuda.device),
+                                registered_unix_ms=int(m.registered_unix_ms),
+                                last_used_unix_ms=int(m.last_used_unix_ms))
+    return SharedMemoryInfo(m.name, "system", int(m.system.size), key=m.system.key,
+                            offset=int(m.system.offset), pinned=m.pinned,
+                            registered_unix_ms=int(m.registered_unix_ms),
+                            last_used_unix_ms=int(m.last_used_unix_ms))
+
+
+def register_request(name: str, key: str, offset: int, size: int
+                     ) -> pb.RegisterSharedMemoryRequest:
+    return pb.RegisterSharedMemoryRequest(
+        name=name, system=pb.SystemSharedMemory(key=key, offset=offset, size=size))
+
+
+def register_ipc_request(name: str, ipc_handle: bytes, device: int, size: int
+                         ) -> pb.RegisterSharedMemoryRequest:
+    return pb.RegisterSharedMemoryRequest(
+        name=name, cuda=pb.CudaSharedMemory(ipc_handle=ipc_handle, device=device, size=size))
+
+
+def shared_upload_messages(t: SharedTensor) -> Iterator[pb.UploadRequest]:
+    """An upload whose bytes the server reads from a region: one message, no data."""
+    yield pb.UploadRequest(shared=t.message())
+
+
+def shared_key(region: Any, offset: int, size: Optional[int]) -> Tuple[str, int]:
+    """The key and size to register for a SharedMemoryRegion (or a key string)."""
+    if isinstance(region, str):
+        if size is None:
+            raise ValueError("size is needed when the region is given by its key")
+        return region, size
+    total = int(region.size)
+    return str(region.key), total - offset if size is None else size
+
+
+def shared_op_request(op: str, inputs: Sequence[Any], out: SharedOutput, allow_tf32: bool,
+                      impl: Union[int, str]) -> Request:
+    if op == "MatmulRelu":
+        if len(inputs) not in (2, 3):
+            raise ValueError("MatmulRelu takes a, b and an optional bias")
+        bias = inputs[2] if len(inputs) == 3 else None
+        return matmul_request(inputs[0], inputs[1], bias, None, allow_tf32, impl, False, out)
+    if op not in ("Gelu", "Softmax", "RowSum") or len(inputs) != 1:
+        raise ValueError(f"{op}: Gelu, Softmax and RowSum take one input; MatmulRelu two or three")
+    return unary_request(op, inputs[0], None, False, out)

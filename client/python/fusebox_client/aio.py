@@ -7,7 +7,8 @@ Handles it creates free their tensors when they leave a ``with`` block, when gar
 from __future__ import annotations
 
 import asyncio
-from typing import (TYPE_CHECKING, Any, List, Literal, Optional, Set, Tuple, Union, overload)
+from typing import (TYPE_CHECKING, Any, List, Literal, Optional, Set, Tuple, Union, cast,
+                    overload)
 
 import grpc
 import grpc.aio
@@ -19,9 +20,12 @@ from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, Dow
                       TensorInfo, Timing, call_metadata, channel_options, check_inline,
                       credentials, handle_id, health_request, health_status, identity,
                       matmul_request, now, op_result, rpc_error, settings, tensor_info,
-                      unary_request, upload_messages)
+                      unary_request, upload_messages, FuseboxError, SharedMemoryInfo,
+                      SharedOutput, SharedTensor, register_ipc_request, register_request,
+                      shared_key, shared_memory_info, shared_op_request, shared_upload_messages)
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
 from .client import TensorLike
+from .shm import RegisteredRegion, SharedMemoryRegion
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
     import torch  # type: ignore[import-not-found, unused-ignore]
@@ -286,8 +290,17 @@ class AsyncClient:
     async def upload(self, x: TensorLike, *, dtype: DTypeArg = None,
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: Optional[float] = None,
                      progress: Progress = None) -> Handle:
-        """Streams x to the server in chunks; returns a Handle that owns the tensor."""
+        """Streams x to the server in chunks; returns a Handle that owns the tensor. A
+        SharedTensor is read by the server from its region instead."""
         self._bind_loop()
+        if isinstance(x, SharedTensor):
+            try:
+                resp = await self._upload(shared_upload_messages(x),
+                                          timeout=self._deadline(timeout),
+                                          metadata=call_metadata(self._metadata, []))
+            except grpc.RpcError as e:
+                raise rpc_error(e) from None
+            return Handle(resp.tensor.handle, _freer=self._freer)
         w = to_wire(x, dtype)
         meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
         try:
@@ -354,6 +367,60 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise rpc_error(e) from None
         return [tensor_info(t) for t in r.tensors], int(r.used_bytes), int(r.quota_bytes)
+
+    # --- shared memory (same node; the server needs --allow_shared_memory) ------------------
+
+    async def register_shared_memory(self, name: str, region: Union[SharedMemoryRegion, str], *,
+                                     offset: int = 0, size: Optional[int] = None
+                                     ) -> SharedMemoryInfo:
+        """Registers [offset, offset + size) of a POSIX shared-memory object (a
+        SharedMemoryRegion, or its key "/name") under ``name``; size defaults to the rest of
+        the region."""
+        key, size = shared_key(region, offset, size)
+        r = await self._call("RegisterSharedMemory", register_request(name, key, offset, size))
+        return shared_memory_info(r.region)
+
+    async def register_cuda_ipc(self, name: str, ipc_handle: bytes, device: int, size: int
+                                ) -> SharedMemoryInfo:
+        """Registers device memory exported with cudaIpcGetMemHandle (CUDA backend only)."""
+        r = await self._call("RegisterSharedMemory",
+                             register_ipc_request(name, ipc_handle, device, size))
+        return shared_memory_info(r.region)
+
+    async def unregister_shared_memory(self, name: str) -> None:
+        await self._call("UnregisterSharedMemory", pb.UnregisterSharedMemoryRequest(name=name))
+
+    async def list_shared_memory(self, name: Optional[str] = None
+                                 ) -> Tuple[List[SharedMemoryInfo], int, int]:
+        """This caller's regions (or only ``name``): (infos, used_bytes, quota_bytes)."""
+        r = await self._call("ListSharedMemory", pb.ListSharedMemoryRequest(name=name or ""))
+        return [shared_memory_info(m) for m in r.regions], int(r.used_bytes), int(r.quota_bytes)
+
+    async def shared_memory(self, name: str, region: Union[SharedMemoryRegion, str], *,
+                            offset: int = 0, size: Optional[int] = None) -> RegisteredRegion:
+        """register_shared_memory, as a RegisteredRegion (unregister it with
+        unregister_shared_memory: its with block cannot await)."""
+        info = await self.register_shared_memory(name, region, offset=offset, size=size)
+        return RegisteredRegion(name, info.size)
+
+    async def run_shared(self, op: str, *inputs: TensorLike, out: SharedOutput,
+                         allow_tf32: bool = False, impl: Union[int, str] = "default",
+                         timeout: Optional[float] = None) -> Tuple[SharedTensor, Timing]:
+        """Runs op ("Gelu", "Softmax", "RowSum", "MatmulRelu") with its output written into a
+        registered region; inputs may be SharedTensors, arrays or handles. Returns where the
+        output is, and the call's timing."""
+        req = shared_op_request(op, inputs, out, allow_tf32, impl)
+        res = await self._op(req, timeout, "numpy", "float32", True)
+        return cast(Tuple[SharedTensor, Timing], res)
+
+    async def _call(self, method: str, msg: Any) -> Any:
+        self._bind_loop()
+        try:
+            return await self._unary[method](msg, timeout=self.timeout,
+                                             metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+
 
 
 __all__ = ["AsyncClient"]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import threading
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Set, Tuple,
-                    Union, overload)
+                    Union, cast, overload)
 
 import grpc
 
@@ -39,7 +39,10 @@ from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, Dow
                       Request, TensorInfo, Timing, call_metadata, replica_of, channel_options, check_inline,
                       credentials, handle_id, health_request, health_status, identity,
                       matmul_request, now, op_result, rpc_error, settings, tensor_info,
-                      unary_request, upload_messages)
+                      unary_request, upload_messages, SharedMemoryInfo, SharedOutput, SharedTensor,
+                      register_ipc_request, register_request, shared_key, shared_memory_info,
+                      shared_op_request, shared_upload_messages)
+from .shm import RegisteredRegion, SharedMemoryRegion
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
@@ -331,7 +334,15 @@ class Client:
     def upload(self, x: TensorLike, *, dtype: DTypeArg = None,
                chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: Optional[float] = None,
                progress: Progress = None) -> Handle:
-        """Streams x to the server in chunks; returns a Handle that owns the tensor."""
+        """Streams x to the server in chunks; returns a Handle that owns the tensor. A
+        SharedTensor is read by the server from its region instead."""
+        if isinstance(x, SharedTensor):
+            try:
+                resp = self._upload(shared_upload_messages(x), timeout=self._deadline(timeout),
+                                    metadata=call_metadata(self._metadata, []))
+            except grpc.RpcError as e:
+                raise rpc_error(e) from None
+            return Handle(resp.tensor.handle, _freer=self._freer)
         w = to_wire(x, dtype)
         meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
         try:
@@ -396,6 +407,62 @@ class Client:
         except grpc.RpcError as e:
             raise rpc_error(e) from None
         return [tensor_info(t) for t in r.tensors], int(r.used_bytes), int(r.quota_bytes)
+
+    # --- shared memory (same node; the server needs --allow_shared_memory) ------------------
+
+    def register_shared_memory(self, name: str, region: Union[SharedMemoryRegion, str], *,
+                               offset: int = 0, size: Optional[int] = None) -> SharedMemoryInfo:
+        """Registers [offset, offset + size) of a POSIX shared-memory object (a
+        SharedMemoryRegion, or its key "/name") under ``name``; size defaults to the rest of
+        the region."""
+        key, size = shared_key(region, offset, size)
+        return shared_memory_info(self._call("RegisterSharedMemory",
+                                             register_request(name, key, offset, size)).region)
+
+    def register_cuda_ipc(self, name: str, ipc_handle: bytes, device: int, size: int
+                          ) -> SharedMemoryInfo:
+        """Registers device memory exported with cudaIpcGetMemHandle (CUDA backend only)."""
+        return shared_memory_info(self._call(
+            "RegisterSharedMemory", register_ipc_request(name, ipc_handle, device, size)).region)
+
+    def unregister_shared_memory(self, name: str) -> None:
+        self._call("UnregisterSharedMemory", pb.UnregisterSharedMemoryRequest(name=name))
+
+    def list_shared_memory(self, name: Optional[str] = None
+                           ) -> Tuple[List[SharedMemoryInfo], int, int]:
+        """This caller's regions (or only ``name``): (infos, used_bytes, quota_bytes)."""
+        r = self._call("ListSharedMemory", pb.ListSharedMemoryRequest(name=name or ""))
+        return [shared_memory_info(m) for m in r.regions], int(r.used_bytes), int(r.quota_bytes)
+
+    def shared_memory(self, name: str, region: Union[SharedMemoryRegion, str], *,
+                      offset: int = 0, size: Optional[int] = None) -> RegisteredRegion:
+        """register_shared_memory, as a RegisteredRegion that unregisters at the end of a with."""
+        info = self.register_shared_memory(name, region, offset=offset, size=size)
+
+        def unregister() -> None:
+            try:
+                self.unregister_shared_memory(name)
+            except FuseboxError as e:  # expired, or unregistered already
+                if e.code != grpc.StatusCode.NOT_FOUND:
+                    raise
+        return RegisteredRegion(name, info.size, unregister)
+
+    def run_shared(self, op: str, *inputs: TensorLike, out: SharedOutput,
+                   allow_tf32: bool = False, impl: Union[int, str] = "default",
+                   timeout: Optional[float] = None) -> Tuple[SharedTensor, Timing]:
+        """Runs op ("Gelu", "Softmax", "RowSum", "MatmulRelu") with its output written into a
+        registered region; inputs may be SharedTensors, arrays or handles. Returns where the
+        output is, and the call's timing."""
+        req = shared_op_request(op, inputs, out, allow_tf32, impl)
+        res = self._op(req, timeout, "numpy", "float32", True)
+        return cast(Tuple[SharedTensor, Timing], res)
+
+    def _call(self, method: str, msg: Any) -> Any:
+        try:
+            return self._unary[method](msg, timeout=self.timeout,
+                                       metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
 
 
 __all__ = ["Client", "FuseboxError", "Handle", "TensorInfo", "Timing", "TensorLike"]

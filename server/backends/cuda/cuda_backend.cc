@@ -36,6 +36,13 @@
 // errors are INTERNAL etc. with the library's message. An error that leaves
 // the CUDA context unusable (illegal address, device lost, ...) marks the
 // backend broken: that call fails INTERNAL, every later one UNAVAILABLE.
+//
+// Shared memory (RegisterHostMemory, OpenIpcMemory): a client's POSIX shared memory is pinned
+// with cudaHostRegister and a client's exported device memory opened with cudaIpcOpenMemHandle;
+// both ranges are remembered (DirectRanges), and a copy whose host side lies in one is a
+// single cudaMemcpyAsync (DMA straight from or to the client's pages, or device to device)
+// instead of the staged, chunked path that pageable memory needs.
+#include <cuda.h>  // types of the driver API entry point below (no link to libcuda)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,6 +50,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -115,6 +123,55 @@ struct Pool {
   }
 };
 
+// Address ranges a copy may move with one cudaMemcpyAsync: host memory pinned by
+// RegisterHostMemory and device memory opened by OpenIpcMemory. Shared with their tokens and
+// buffers, which remove their range before they undo the pinning or the mapping.
+struct DirectRanges {
+  std::mutex mu;
+  std::map<uintptr_t, uintptr_t> by_begin;  // begin -> end
+  void Add(const void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    by_begin[reinterpret_cast<uintptr_t>(p)] = reinterpret_cast<uintptr_t>(p) + n;
+  }
+  void Remove(const void* p) {
+    std::lock_guard<std::mutex> lock(mu);
+    by_begin.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  // Whether [p, p + n) lies within one range.
+  bool Contains(const void* p, size_t n) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = by_begin.upper_bound(a);
+    if (it == by_begin.begin()) return false;
+    --it;
+    return a >= it->first && n <= it->second - a;
+  }
+};
+
+// Device memory another process exported (cudaIpcOpenMemHandle), closed when dropped: the
+// registry drops it only after every call that used it has answered.
+class IpcBuffer final : public Buffer {
+ public:
+  IpcBuffer(void* p, size_t size, int device, std::shared_ptr<DirectRanges> ranges)
+      : p_(p), size_(size), device_(device), ranges_(std::move(ranges)) {
+    ranges_->Add(p_, size_);
+  }
+  ~IpcBuffer() override {
+    ranges_->Remove(p_);
+    cudaSetDevice(device_);
+    cudaIpcCloseMemHandle(p_);
+    cudaGetLastError();
+  }
+  void* data() const override { return p_; }
+  size_t size() const override { return size_; }
+
+ private:
+  void* p_;
+  size_t size_;
+  int device_;
+  std::shared_ptr<DirectRanges> ranges_;
+};
+
 // Device memory for the tensor store, from the pool.
 class DeviceBuffer final : public Buffer {
  public:
@@ -153,6 +210,9 @@ class CudaBackend final : public Backend {
   void SubmitRead(const Buffer* src, size_t offset, void* dst, size_t bytes, int64_t enqueued_ns,
                   OpDone done) override;
   void Shutdown() override;
+  absl::StatusOr<std::shared_ptr<void>> RegisterHostMemory(void* data, size_t bytes) override;
+  absl::StatusOr<std::unique_ptr<Buffer>> OpenIpcMemory(const std::string& handle, int device,
+                                                        size_t bytes) override;
 
  private:
   explicit CudaBackend(const CudaBackendOptions& o) : options_(o) {}
@@ -186,6 +246,7 @@ class CudaBackend final : public Backend {
   const CudaBackendOptions options_;
   std::string device_name_;
   std::shared_ptr<Pool> pool_;
+  const std::shared_ptr<DirectRanges> direct_ = std::make_shared<DirectRanges>();
   std::vector<std::unique_ptr<StreamWorker>> workers_;
   std::unique_ptr<QueuedExecutor> exec_;
 
@@ -420,6 +481,88 @@ cudaError_t CudaBackend::OrderAfterAllocations(StreamWorker& w) {
   return e;
 }
 
+absl::StatusOr<std::shared_ptr<void>> CudaBackend::RegisterHostMemory(void* data, size_t bytes) {
+  if (broken_.load()) return Broken();
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
+    return Fail(e, "cudaSetDevice", nullptr);
+  }
+  // Portable: every context may DMA from it. A mapping the server may only read is pinned
+  // read-only.
+  cudaError_t e = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    e = cudaHostRegister(data, bytes, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(
+        absl::StrCat("cudaHostRegister of shared memory failed: ", cudaGetErrorString(e)));
+  }
+  direct_->Add(data, bytes);
+  std::shared_ptr<DirectRanges> ranges = direct_;
+  const int device = options_.device;
+  return std::shared_ptr<void>(data, [ranges, device](void* p) {
+    ranges->Remove(p);
+    cudaSetDevice(device);
+    cudaHostUnregister(p);
+    cudaGetLastError();
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> CudaBackend::OpenIpcMemory(const std::string& handle,
+                                                                   int device, size_t bytes) {
+  if (broken_.load()) return Broken();
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda.ipc_handle must be the ",
+                                                   sizeof(cudaIpcMemHandle_t),
+                                                   " bytes of a cudaIpcMemHandle_t; got ",
+                                                   handle.size()));
+  }
+  if (device != options_.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda.device is ", device, " but this server runs on device ", options_.device,
+        "; export memory of that device"));
+  }
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
+    return Fail(e, "cudaSetDevice", nullptr);
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof h);
+  void* p = nullptr;
+  if (cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cudaIpcOpenMemHandle failed: ", cudaGetErrorString(e),
+        " (a handle from cudaIpcGetMemHandle of a live allocation, in a process on this node)"));
+  }
+  std::unique_ptr<Buffer> buffer(new IpcBuffer(p, bytes, options_.device, direct_));
+  // The size is the client's word: a kernel reading past the allocation would fault and break
+  // the context for every caller, so it is checked against the allocation's own extent.
+  using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    cudaGetLastError();
+    return absl::InternalError("cannot check the IPC allocation's size (cuMemGetAddressRange)");
+  }
+  CUdeviceptr base = 0;
+  size_t extent = 0;
+  if (reinterpret_cast<GetRange>(fn)(&base, &extent, reinterpret_cast<CUdeviceptr>(p)) !=
+      CUDA_SUCCESS) {
+    return absl::InternalError("cuMemGetAddressRange failed on the opened IPC memory");
+  }
+  const uintptr_t end = static_cast<uintptr_t>(base) + extent;
+  if (bytes > end - reinterpret_cast<uintptr_t>(p)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda.size is ", bytes, " but the exported allocation has ",
+        end - reinterpret_cast<uintptr_t>(p), " bytes"));
+  }
+  return buffer;
+}
+
 BackendStats CudaBackend::stats() const {
   BackendStats s;
   if (exec_) exec_->FillStats(&s);
@@ -586,6 +729,19 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
       spans[nspans++] = HostSpan{c.inputs[i], at(offsets[i]), sizes->in[i]};
     }
   }
+  // Pinned shared memory is copied by one DMA each way; pageable memory goes through staging.
+  HostSpan direct_in[3];
+  int ndirect = 0;
+  for (int i = 0; i < nspans;) {
+    if (direct_->Contains(spans[i].host, spans[i].bytes)) {
+      direct_in[ndirect++] = spans[i];
+      spans[i] = spans[--nspans];
+    } else {
+      ++i;
+    }
+  }
+  const bool direct_out =
+      !c.output_resident && sizes->out > 0 && direct_->Contains(c.output, sizes->out);
   void* dev_out = c.output_resident ? c.output : (sizes->out > 0 ? at(offsets[3]) : nullptr);
   const cuda::Workspace ws{sizes->workspace > 0 ? at(offsets[4]) : nullptr, sizes->workspace};
 
@@ -616,6 +772,10 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   absl::Status status;
   int64_t tail_ns = 0;
   cudaError_t e = cudaEventRecord(w.ev_start(), st);
+  for (int i = 0; i < ndirect && e == cudaSuccess; ++i) {
+    e = cudaMemcpyAsync(direct_in[i].device, direct_in[i].host, direct_in[i].bytes,
+                        cudaMemcpyHostToDevice, st);
+  }
   if (e == cudaSuccess) e = w.CopyIn(spans, nspans);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), st);
   // `go`, the kernel and `kernel` are enqueued behind the gate, then released
@@ -631,8 +791,9 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   if (e != cudaSuccess) {
     status = Fail(e, "copy to the GPU or kernel launch", &w);
   } else if (status.ok()) {
-    if (c.output_resident || sizes->out == 0) {
-      e = cudaEventRecord(w.ev_out(), st);
+    if (c.output_resident || sizes->out == 0 || direct_out) {
+      if (direct_out) e = cudaMemcpyAsync(c.output, dev_out, sizes->out, cudaMemcpyDeviceToHost, st);
+      if (e == cudaSuccess) e = cudaEventRecord(w.ev_out(), st);
       if (e == cudaSuccess) e = cudaEventSynchronize(w.ev_out());
     } else {
       e = w.CopyOut(HostSpan{c.output, dev_out, sizes->out}, w.ev_out(), &tail_ns);
@@ -659,7 +820,11 @@ absl::Status CudaBackend::RunWrite(StreamWorker& w, void* dst, const void* src, 
   const HostSpan span{src, dst, bytes};
   cudaError_t e = OrderAfterAllocations(w);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_start(), w.stream());
-  if (e == cudaSuccess) e = w.CopyIn(&span, 1);
+  if (e == cudaSuccess) {  // pinned shared memory or IPC device memory: one copy, any direction
+    e = direct_->Contains(src, bytes)
+            ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, w.stream())
+            : w.CopyIn(&span, 1);
+  }
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), w.stream());
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
   if (e != cudaSuccess) return FailAndDrain(e, "copy to a resident tensor", w);
