@@ -21,6 +21,7 @@
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -198,6 +199,18 @@ class SliceReader {
       if (i_ >= s_.size()) return false;
       const size_t k = static_cast<size_t>(std::min<uint64_t>(n, s_[i_].size() - off_));
       if (out) out->append(reinterpret_cast<const char*>(s_[i_].begin()) + off_, k);
+      Advance(k);
+      n -= k;
+    }
+    return true;
+  }
+  // Copies the next n bytes to out.
+  bool CopyTo(uint64_t n, char* out) {
+    while (n > 0) {
+      if (i_ >= s_.size()) return false;
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, s_[i_].size() - off_));
+      std::memcpy(out, s_[i_].begin() + off_, k);
+      out += k;
       Advance(k);
       n -= k;
     }
@@ -472,14 +485,14 @@ std::unique_ptr<Client> Client::Create(const std::string& target, Options option
   return c;
 }
 
-std::vector<v1::KernelService::Stub*> Client::TransferStubs(int n) {
-  std::vector<v1::KernelService::Stub*> out = {kernel_stub_.get()};
+std::vector<grpc::Channel*> Client::TransferChannels(int n) {
+  std::vector<grpc::Channel*> out = {channel_.get()};
   std::lock_guard<std::mutex> lock(transfer_mu_);
-  while (static_cast<int>(transfer_stubs_.size()) < n - 1) {
-    const int i = static_cast<int>(transfer_stubs_.size());
-    transfer_stubs_.push_back(v1::KernelService::NewStub(MakeChannel(target_, options_, i)));
+  while (static_cast<int>(transfer_channels_.size()) < n - 1) {
+    const int i = static_cast<int>(transfer_channels_.size());
+    transfer_channels_.push_back(MakeChannel(target_, options_, i));
   }
-  for (int i = 0; i + 1 < n; ++i) out.push_back(transfer_stubs_[i].get());
+  for (int i = 0; i + 1 < n; ++i) out.push_back(transfer_channels_[i].get());
   return out;
 }
 
@@ -755,31 +768,48 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
   }
   const int64_t ranges = (size + range - 1) / range;
   connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
-  const std::vector<pb::KernelService::Stub*> stubs = TransferStubs(connections);
+  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
   std::atomic<int64_t> next{0};
   SharedProgress shared(progress, size);
   FirstError error;
   // Each thread: one WriteUpload stream on its connection, taking the next range until none is
-  // left; each message is one chunk of at most 4 MiB (gRPC's default receive limit's size).
-  auto work = [&](pb::KernelService::Stub* stub) {
+  // left; each message is one chunk of at most 4 MiB (gRPC's default receive limit's size),
+  // encoded by hand around a slice that points at the caller's bytes: no client-side copy.
+  static const grpc::internal::RpcMethod kWrite("/fusebox.v1.KernelService/WriteUpload",
+                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
+  auto work = [&](grpc::Channel* channel) {
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout, id);
-    pb::WriteUploadResponse resp;
-    auto writer = stub->WriteUpload(&ctx, &resp);
-    pb::WriteUploadRequest msg;
-    msg.set_upload_id(id);
+    grpc::ByteBuffer resp;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, kWrite, &ctx,
+                                                                      &resp));
     constexpr int64_t kChunk = int64_t{4} << 20;
-    bool open = true;
+    bool open = true, first = true;
     for (int64_t r; open && !error.failed() && (r = next.fetch_add(1)) < ranges;) {
       for (int64_t off = r * range, end = std::min(size, off + range); off < end;) {
         const int64_t n = std::min(kChunk, end - off);
-        msg.set_offset(off);
-        msg.set_data(tensor.data.data() + off, static_cast<size_t>(n));
+        // WriteUploadRequest { string upload_id = 1; int64 offset = 2; bytes data = 3; }
+        std::string head;
+        if (first) {
+          head.push_back(0x0a);
+          PutVarint(&head, id.size());
+          head += id;
+        }
+        head.push_back(0x10);
+        PutVarint(&head, static_cast<uint64_t>(off));
+        head.push_back(0x1a);
+        PutVarint(&head, static_cast<uint64_t>(n));
+        grpc::Slice slices[2] = {
+            grpc::Slice(head),
+            grpc::Slice(tensor.data.data() + off, static_cast<size_t>(n),
+                        grpc::Slice::STATIC_SLICE)};  // alive until the call has finished
+        grpc::ByteBuffer msg(slices, 2);
         if (!writer->Write(msg)) {  // the server ended the call; Finish says why
           open = false;
           break;
         }
-        msg.clear_upload_id();
+        first = false;
         shared.Add(n);
         off += n;
       }
@@ -789,8 +819,8 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
     if (!st.ok()) error.Set(st);
   };
   std::vector<std::thread> threads;
-  for (int i = 1; i < connections; ++i) threads.emplace_back(work, stubs[i]);
-  work(stubs[0]);
+  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
+  work(channels[0]);
   for (auto& t : threads) t.join();
   absl::Status st = error.status();
   if (st.ok()) {
@@ -832,12 +862,15 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
   }
   const int64_t ranges = (size + range - 1) / range;
   connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
-  const std::vector<pb::KernelService::Stub*> stubs = TransferStubs(connections);
+  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
   std::atomic<int64_t> next{0};
   SharedProgress shared(progress, size);
   FirstError error;
-  // Each thread: one ranged Download at a time on its connection, written into place.
-  auto work = [&](pb::KernelService::Stub* stub) {
+  // Each thread: one ranged Download at a time on its connection, each message's data copied
+  // from gRPC's receive slices straight into place (no message parsed first).
+  static const grpc::internal::RpcMethod kDownload("/fusebox.v1.KernelService/Download",
+                                                   grpc::internal::RpcMethod::SERVER_STREAMING);
+  auto work = [&](grpc::Channel* channel) {
     for (int64_t r; !error.failed() && (r = next.fetch_add(1)) < ranges;) {
       const int64_t begin = r * range, len = std::min(range, size - begin);
       grpc::ClientContext ctx;
@@ -846,21 +879,41 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
       req.set_handle(handle);
       req.set_offset(begin);
       req.set_length(len);
-      auto reader = stub->Download(&ctx, req);
-      pb::DownloadResponse msg;
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel, kDownload, &ctx,
+                                                                        Serialize(req)));
+      grpc::ByteBuffer msg;
       int64_t got = 0;
-      while (reader->Read(&msg)) {
-        const int64_t n = static_cast<int64_t>(msg.data().size());
-        if (got + n > len) {
-          ctx.TryCancel();
+      absl::Status bad;
+      while (bad.ok() && reader->Read(&msg)) {
+        // DownloadResponse { TensorInfo tensor = 1; bytes data = 2; }
+        std::vector<grpc::Slice> slices;
+        if (!msg.Dump(&slices).ok()) {
+          bad = absl::InternalError("a download message could not be read");
           break;
         }
-        std::memcpy(&out.data[static_cast<size_t>(begin + got)], msg.data().data(),
-                    static_cast<size_t>(n));
-        got += n;
-        shared.Add(n);
+        SliceReader rd(slices);
+        uint64_t tag = 0, n = 0;
+        while (bad.ok() && rd.pos() < rd.total()) {
+          if (!rd.Varint(&tag)) {
+            bad = absl::InternalError("a download message is malformed");
+          } else if (tag == 0x12) {
+            if (!rd.Length(&n) || got + static_cast<int64_t>(n) > len ||
+                !rd.CopyTo(n, &out.data[static_cast<size_t>(begin + got)])) {
+              bad = absl::InternalError(absl::StrCat(
+                  "a ranged download of ", len, " bytes at ", begin, " sent more, or bad bytes"));
+            } else {
+              got += static_cast<int64_t>(n);
+              shared.Add(static_cast<int64_t>(n));
+            }
+          } else if (!rd.Skip(static_cast<int>(tag & 7))) {
+            bad = absl::InternalError("a download message is malformed");
+          }
+        }
       }
+      if (!bad.ok()) ctx.TryCancel();
       absl::Status st = FromGrpc(reader->Finish());
+      if (!bad.ok()) st = bad;
       if (st.ok() && got != len) {
         st = absl::InternalError(absl::StrCat("a ranged download of ", len, " bytes at ", begin,
                                               " carried ", got));
@@ -872,8 +925,8 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
     }
   };
   std::vector<std::thread> threads;
-  for (int i = 1; i < connections; ++i) threads.emplace_back(work, stubs[i]);
-  work(stubs[0]);
+  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
+  work(channels[0]);
   for (auto& t : threads) t.join();
   if (absl::Status st = error.status(); !st.ok()) return st;
   return out;

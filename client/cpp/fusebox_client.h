@@ -234,9 +234,9 @@ class Client {
                          grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
                          const std::string& handle = {});
 
-  // Stubs for `n` connections: this client's own channel first, then channels made (once) for
+  // `n` connections: this client's own channel first, then channels made (once) for
   // transfers, each with a subchannel pool of its own so that each is a connection of its own.
-  std::vector<v1::KernelService::Stub*> TransferStubs(int n);
+  std::vector<grpc::Channel*> TransferChannels(int n);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
@@ -244,7 +244,7 @@ class Client {
   Options options_;
   std::string target_;
   std::mutex transfer_mu_;
-  std::vector<std::unique_ptr<v1::KernelService::Stub>> transfer_stubs_;  // guarded
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_;  // guarded by transfer_mu_
 };
 
 // Converts a gRPC status to absl (the codes are the same numbers).
