@@ -12,7 +12,7 @@
 # One command on any host: MODE=transfer bench/rpc/run_bench.sh build (BACKEND=cuda on a GPU).
 #
 # usage: bench/rpc/run_bench.sh [BUILD_DIR]   (default: build; builds the targets it runs)
-#   env: MODE=loopback|floor (default loopback), ECHO_BIN (prebuilt fusebox-rpc-echo),
+#   env: MODE=loopback|floor|transfer (default loopback), ECHO_BIN (prebuilt fusebox-rpc-echo),
 #        BACKEND=cpu|cuda|auto (default cpu), WORKERS (server --workers), OUT (results path),
 #        BENCH_ARGS (extra fusebox-rpc-bench flags), NO_BUILD=1 (skip cmake --build),
 #        SERVER_BIN / BENCH_BIN (prebuilt binaries, e.g. from a device bundle; implies NO_BUILD),
