@@ -778,6 +778,10 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
   static const grpc::internal::RpcMethod kWrite("/fusebox.v1.KernelService/WriteUpload",
                                                 grpc::internal::RpcMethod::CLIENT_STREAMING);
   auto work = [&](grpc::Channel* channel) {
+    // The first range before the stream: one that would carry no message is never opened (the
+    // server refuses a WriteUpload that names no upload).
+    int64_t r = next.fetch_add(1);
+    if (r >= ranges || error.failed()) return;
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout, id);
     grpc::ByteBuffer resp;
@@ -786,7 +790,7 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
                                                                       &resp));
     constexpr int64_t kChunk = int64_t{4} << 20;
     bool open = true, first = true;
-    for (int64_t r; open && !error.failed() && (r = next.fetch_add(1)) < ranges;) {
+    for (; open && !error.failed() && r < ranges; r = next.fetch_add(1)) {
       for (int64_t off = r * range, end = std::min(size, off + range); off < end;) {
         const int64_t n = std::min(kChunk, end - off);
         // WriteUploadRequest { string upload_id = 1; int64 offset = 2; bytes data = 3; }

@@ -412,5 +412,27 @@ TEST_F(RangedTransferTest, TheClientsDefaultSplitRoundTripsALargeTensor) {
   EXPECT_EQ(c->ListTensors()->tensors.size(), 1u);  // the upload left nothing else behind
 }
 
+TEST_F(RangedTransferTest, TheClientsStreamsThatFindNoRangeLeftOpenNoCall) {
+  // More connections than ranges, and streams that start late: one whose ranges the others
+  // took opens no WriteUpload at all (the server refuses one that names no upload).
+  StartServer(ServerOptions());
+  client::Client::Options o;
+  o.transfer_connections = 8;
+  o.parallel_min_bytes = 0;
+  o.range_bytes = 64 << 10;
+  auto c = client::Client::Create(target(), o);
+  client::HostTensor t;
+  t.shape = {9 * (16 << 10) + 1};  // float32: 9 ranges and 4 bytes
+  t.data = RandomBytes(4 * static_cast<size_t>(t.shape[0]), 13);
+  for (int i = 0; i < 10; ++i) {
+    auto info = c->Upload(t);
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto back = c->Download(info->handle);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(back->data == t.data);
+    ASSERT_TRUE(c->FreeTensor(info->handle).ok());
+  }
+}
+
 }  // namespace
 }  // namespace fusebox

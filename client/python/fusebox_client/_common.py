@@ -381,22 +381,23 @@ class RangeQueue:
             self.stopped = True
 
 
-def write_messages(upload_id: str, w: Wire, ranges: RangeQueue, meter: Meter
-                   ) -> Iterator[pb.WriteUploadRequest]:
-    """One WriteUpload stream's messages: the next range until none is left, in chunks sliced
-    from the caller's bytes (a chunk's copy, never the tensor's); the first names the upload."""
+def write_messages(upload_id: str, w: Wire, ranges: RangeQueue, meter: Meter,
+                   first_range: Tuple[int, int]) -> Iterator[pb.WriteUploadRequest]:
+    """One WriteUpload stream's messages: first_range (taken before the stream opens: the
+    server refuses a stream with no message), then the next range until none is left, in
+    chunks sliced from the caller's bytes (a chunk's copy, never the tensor's); the first
+    message names the upload."""
     data = w.data()
     first = True
-    while True:
-        r = ranges.take()
-        if r is None:
-            return
+    r: Optional[Tuple[int, int]] = first_range
+    while r is not None:
         for off in range(r[0], r[1], TRANSFER_CHUNK_BYTES):
             chunk = data[off:min(r[1], off + TRANSFER_CHUNK_BYTES)]
             yield pb.WriteUploadRequest(upload_id=upload_id if first else "", offset=off,
                                         data=chunk.tobytes())
             first = False
             meter.add(len(chunk))
+        r = ranges.take()
 
 
 class RangedAssembly:

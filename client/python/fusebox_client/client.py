@@ -445,8 +445,12 @@ class Client:
                 SERVICE + "WriteUpload",
                 request_serializer=pb.WriteUploadRequest.SerializeToString,
                 response_deserializer=pb.WriteUploadResponse.FromString)
+            first = ranges.take()
+            if first is None:  # the other streams took every range: open none
+                return
             try:
-                write(write_messages(uid, w, ranges, meter), timeout=timeout, metadata=md)
+                write(write_messages(uid, w, ranges, meter, first), timeout=timeout,
+                      metadata=md)
             except BaseException:
                 ranges.stop()  # the other streams end at their next range
                 raise
