@@ -3,7 +3,7 @@
 # the client's .npy reader), built with clang, ASan and UBSan into build-fuzz/, each run for
 # FUSEBOX_FUZZ_SECONDS (default 60) from its committed corpus (CI runs this through
 # scripts/test.sh; see README).
-#   scripts/fuzz.sh [request] [upload] [npy]    (no argument: all three)
+#   scripts/fuzz.sh [request] [upload] [npy] [ranged_upload]    (no argument: all four)
 # Any crash, failed check, sanitizer report, leak, timeout (30 s for one input) or
 # out-of-memory fails the run. The input that did it is left in build-fuzz/findings/<name>/;
 # reproduce with build-fuzz/tests/fuzz/<name>_fuzzer <file>, fix the bug, and commit the input
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUSEBOX_FUZZ_SECONDS:-60}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(request upload npy)
+[ ${#targets[@]} -gt 0 ] || targets=(request upload npy ranged_upload)
 build=build-fuzz
 start=$SECONDS
 cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
@@ -25,7 +25,7 @@ echo "== fuzz: built in $((SECONDS - start)) s"
 
 # The longest input each harness is given: a request with a few tensors; an Upload script
 # (its data comes from a counter, so a few bytes make megabytes); a .npy file.
-declare -A max_len=([request]=16384 [upload]=2048 [npy]=8192)
+declare -A max_len=([request]=16384 [upload]=2048 [npy]=8192 [ranged_upload]=1024)
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=1"
 export LSAN_OPTIONS="suppressions=$PWD/tools/ci/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

@@ -3,7 +3,9 @@
 // same CMake project as fusebox-server (same gRPC, protobuf and compiler flags) and listens the
 // same way (prints "listening on HOST:PORT" first on stdout; port 0 picks a free one), so
 // fusebox-rpc-bench --floor can time fusebox's RPCs against it on the same machine.
+#include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -12,6 +14,7 @@
 #include <pthread.h>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
 
 #include "echo.grpc.pb.h"
 
@@ -19,7 +22,96 @@ namespace {
 
 using fusebox::bench::Blob;
 
-class EchoService final : public fusebox::bench::Echo::CallbackService {
+// Blob{data = n bytes}, serialized: what Source sends, built once per size and shared.
+grpc::ByteBuffer SerializedBlob(int64_t n) {
+  Blob b;
+  b.mutable_data()->resize(static_cast<size_t>(n), 'e');
+  grpc::ByteBuffer out;
+  bool own = false;
+  grpc::SerializationTraits<Blob>::Serialize(b, &out, &own);
+  return out;
+}
+
+using EchoBase = fusebox::bench::Echo::WithRawCallbackMethod_Sink<
+    fusebox::bench::Echo::WithRawCallbackMethod_Source<fusebox::bench::Echo::CallbackService>>;
+
+class EchoService final : public EchoBase {
+ public:
+  // Raw: the bytes are counted, never parsed or copied.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Sink(grpc::CallbackServerContext*,
+                                                  grpc::ByteBuffer* reply) override {
+    class Reactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+     public:
+      explicit Reactor(grpc::ByteBuffer* reply) : reply_(reply) { StartRead(&in_); }
+      void OnReadDone(bool ok) override {
+        if (!ok) {
+          fusebox::bench::Count c;
+          c.set_bytes(bytes_);
+          bool own = false;
+          grpc::SerializationTraits<fusebox::bench::Count>::Serialize(c, reply_, &own);
+          Finish(grpc::Status::OK);
+          return;
+        }
+        bytes_ += static_cast<int64_t>(in_.Length());
+        in_.Clear();
+        StartRead(&in_);
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      grpc::ByteBuffer* const reply_;
+      grpc::ByteBuffer in_;
+      int64_t bytes_ = 0;
+    };
+    return new Reactor(reply);
+  }
+
+  // Raw: one prebuilt message whose slices every write shares.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Source(grpc::CallbackServerContext*,
+                                                     const grpc::ByteBuffer* request) override {
+    class Reactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+     public:
+      explicit Reactor(const grpc::ByteBuffer* request) {
+        fusebox::bench::SourceRequest req;
+        grpc::ByteBuffer copy(*request);
+        if (!grpc::SerializationTraits<fusebox::bench::SourceRequest>::Deserialize(&copy, &req)
+                 .ok() ||
+            req.bytes() < 0 || req.message_bytes() <= 0) {
+          Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad SourceRequest"));
+          return;
+        }
+        left_ = req.bytes();
+        full_ = SerializedBlob(std::min(req.message_bytes(), std::max<int64_t>(left_, 1)));
+        message_bytes_ = req.message_bytes();
+        Next();
+      }
+      void OnWriteDone(bool ok) override {
+        if (!ok) {
+          Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed"));
+          return;
+        }
+        Next();
+      }
+      void OnDone() override { delete this; }
+
+     private:
+      void Next() {
+        if (left_ == 0) {
+          Finish(grpc::Status::OK);
+          return;
+        }
+        const int64_t n = std::min(left_, message_bytes_);
+        out_ = n == message_bytes_ ? full_ : SerializedBlob(n);
+        left_ -= n;
+        StartWrite(&out_);
+      }
+      grpc::ByteBuffer full_, out_;
+      int64_t left_ = 0, message_bytes_ = 1;
+    };
+    return new Reactor(request);
+  }
+
+
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Blob* request,
                                   Blob* response) override {
     // One copy of the payload, as fusebox's op RPCs copy the result into their response.

@@ -13,6 +13,13 @@
 // rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
 // is the median ratio over the rounds with a distribution-free 95% interval (order
 // statistics of the rounds; client/cpp/loadgen.h).
+//
+// --transfer measures bulk transfers: fusebox's Upload and Download of one large tensor through
+// fusebox_client with each count of --connections (1: the plain one-stream Upload / Download;
+// N: ranges on N connections, the client's parallel path), against fusebox-rpc-echo's Sink and
+// Source moving the same bytes as N parallel streams of 4 MiB messages on N connections. Every
+// round measures every target back to back; the report is each target's median GB/s over the
+// rounds and fusebox's ratio to the echo with the same N.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -67,6 +74,15 @@ usage: fusebox-rpc-bench --floor --server HOST:PORT --echo HOST:PORT [options]
   --warmup_seconds S   before each of those (default 0.1 here)
 Prints a Markdown table: each target's medians over the rounds, and fusebox's ratio to
 each echo with its 95% interval.
+
+usage: fusebox-rpc-bench --transfer --server HOST:PORT --echo HOST:PORT [options]
+  fusebox's Upload and Download of one tensor against the echo's Sink and Source
+  --transfer_bytes SIZE  the tensor (default 1GiB)
+  --connections LIST     connection counts (default 1,4); 1 is the plain one-stream path
+  --range_mib N          the client's range size for N > 1 (default 8)
+  --rounds N             rounds (default 3)
+Prints a Markdown table: per connection count, the median GB/s over rounds of fusebox's
+upload and download and of the echo's sink and source, and fusebox / echo.
 )";
 
 int64_t ParseSize(std::string s) {
@@ -293,6 +309,125 @@ int RunFloor(const FloorOptions& o) {
   return 0;
 }
 
+// The transfer mode: see the file's header.
+struct TransferOptions {
+  std::string fusebox, echo;
+  int64_t bytes = int64_t{1} << 30;
+  std::vector<int> connections = {1, 4};
+  int64_t range_bytes = int64_t{8} << 20;
+  int rounds = 3;
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The echo's Sink (up) or Source (down) moving `bytes` as n streams of 4 MiB messages, each on
+// a stub of its own connection; returns the seconds it took, or -1 on an error.
+double EchoTransfer(const std::vector<std::unique_ptr<fusebox::bench::Echo::Stub>>& stubs,
+                    int64_t bytes, bool up) {
+  constexpr int64_t kMessage = int64_t{4} << 20;
+  const int n = static_cast<int>(stubs.size());
+  std::atomic<bool> failed{false};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      const int64_t share = bytes / n + (i < bytes % n ? 1 : 0);
+      grpc::ClientContext ctx;
+      if (up) {
+        fusebox::bench::Count count;
+        auto w = stubs[i]->Sink(&ctx, &count);
+        fusebox::bench::Blob blob;
+        std::string payload(static_cast<size_t>(std::min(kMessage, share)), 'p');
+        for (int64_t sent = 0; sent < share;) {
+          const int64_t m = std::min(kMessage, share - sent);
+          blob.set_data(payload.data(), static_cast<size_t>(m));
+          if (!w->Write(blob)) break;
+          sent += m;
+        }
+        w->WritesDone();
+        if (!w->Finish().ok() || count.bytes() < share) failed = true;
+      } else {
+        fusebox::bench::SourceRequest req;
+        req.set_bytes(share);
+        req.set_message_bytes(kMessage);
+        auto r = stubs[i]->Source(&ctx, req);
+        fusebox::bench::Blob blob;
+        int64_t got = 0;
+        while (r->Read(&blob)) got += static_cast<int64_t>(blob.data().size());
+        if (!r->Finish().ok() || got != share) failed = true;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failed ? -1 : Seconds(t0, Clock::now());
+}
+
+int RunTransfer(const TransferOptions& o) {
+  fc::HostTensor t;
+  t.dtype = fusebox::DType::kFloat32;
+  t.shape = {o.bytes / 4};
+  t.data.assign(static_cast<size_t>(o.bytes / 4 * 4), '\x3f');
+  const double gb = static_cast<double>(t.data.size()) / 1e9;
+  std::printf("| connections | fusebox upload GB/s | echo sink GB/s | upload / sink | "
+              "fusebox download GB/s | echo source GB/s | download / source |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  for (int n : o.connections) {
+    fc::Client::Options copts;
+    copts.transfer_connections = n;
+    copts.parallel_min_bytes = 0;  // n > 1: always the ranged path; n = 1: the plain one
+    copts.range_bytes = o.range_bytes;
+    copts.default_timeout = std::chrono::milliseconds(600000);
+    auto client = fc::Client::Create(o.fusebox, copts);
+    std::vector<std::unique_ptr<fusebox::bench::Echo::Stub>> echo;
+    for (int i = 0; i < n; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetInt("fusebox.bench_connection", i);
+      args.SetMaxReceiveMessageSize(-1);
+      echo.push_back(fusebox::bench::Echo::NewStub(
+          grpc::CreateCustomChannel(o.echo, grpc::InsecureChannelCredentials(), args)));
+    }
+    std::vector<double> up, down, sink, source;
+    for (int r = 0; r < o.rounds; ++r) {
+      auto t0 = Clock::now();
+      auto info = client->Upload(t, 4 << 20, std::chrono::milliseconds(600000));
+      auto t1 = Clock::now();
+      if (!info.ok()) {
+        std::fprintf(stderr, "upload: %s\n", info.status().ToString().c_str());
+        return 1;
+      }
+      up.push_back(gb / Seconds(t0, t1));
+      t0 = Clock::now();
+      auto back = client->Download(info->handle, std::chrono::milliseconds(600000));
+      t1 = Clock::now();
+      if (!back.ok() || back->data.size() != t.data.size()) {
+        std::fprintf(stderr, "download: %s\n", back.status().ToString().c_str());
+        return 1;
+      }
+      down.push_back(gb / Seconds(t0, t1));
+      back = absl::StatusOr<fc::HostTensor>();  // its memory back before the echo runs
+      client->FreeTensor(info->handle).IgnoreError();
+      const double s_up = EchoTransfer(echo, o.bytes, true);
+      const double s_down = EchoTransfer(echo, o.bytes, false);
+      if (s_up < 0 || s_down < 0) {
+        std::fprintf(stderr, "the echo failed\n");
+        return 1;
+      }
+      sink.push_back(gb / s_up);
+      source.push_back(gb / s_down);
+    }
+    const double mu = load::Percentile(up, 0.5), md = load::Percentile(down, 0.5);
+    const double ms = load::Percentile(sink, 0.5), mo = load::Percentile(source, 0.5);
+    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", n, mu, ms, mu / ms, md, mo,
+                md / mo);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -302,8 +437,9 @@ int main(int argc, char** argv) {
   int channels = 1;
   bool reuse_output = true, header = true, phases = false;
   std::vector<std::pair<std::string, int>> channel_args;
-  bool floor = false, warmup_set = false;
+  bool floor = false, warmup_set = false, transfer = false;
   FloorOptions fo;
+  TransferOptions to;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i], v;
     const auto eq = a.find('=');
@@ -327,9 +463,17 @@ int main(int argc, char** argv) {
     else if (a == "--no_header") { header = false; if (eq == std::string::npos && !v.empty()) --i; }
     else if (a == "--phases") { phases = true; if (eq == std::string::npos && !v.empty()) --i; }
     else if (a == "--floor") { floor = true; if (eq == std::string::npos && !v.empty()) --i; }
-    else if (a == "--echo") fo.echo = v;
+    else if (a == "--echo") fo.echo = to.echo = v;
+    else if (a == "--transfer") { transfer = true; if (eq == std::string::npos && !v.empty()) --i; }
+    else if (a == "--transfer_bytes") to.bytes = ParseSize(v);
+    else if (a == "--range_mib") to.range_bytes = std::max<int64_t>(1, std::atoll(v.c_str())) << 20;
+    else if (a == "--connections") {
+      to.connections.clear();
+      for (const auto& c : Split(v, ',')) to.connections.push_back(std::max(1, std::atoi(c.c_str())));
+      if (to.connections.empty()) { std::fprintf(stderr, "bad --connections\n"); return 2; }
+    }
     else if (a == "--floor_bytes") fo.bytes = ParseSize(v);
-    else if (a == "--rounds") fo.rounds = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--rounds") fo.rounds = to.rounds = std::max(1, std::atoi(v.c_str()));
     else if (a == "--round_seconds") fo.round_seconds = std::atof(v.c_str());
     else if (a == "--floor_callers") {
       fo.callers.clear();
@@ -341,6 +485,12 @@ int main(int argc, char** argv) {
     else { std::fprintf(stderr, "fusebox-rpc-bench: unknown option %s\n%s", a.c_str(), kUsage); return 2; }
   }
   if (server.empty()) { std::fprintf(stderr, "fusebox-rpc-bench: --server is required\n%s", kUsage); return 2; }
+  if (transfer) {
+    if (to.echo.empty()) { std::fprintf(stderr, "fusebox-rpc-bench: --transfer needs --echo\n%s", kUsage); return 2; }
+    if (to.bytes < 4) { std::fprintf(stderr, "--transfer_bytes: at least 4\n"); return 2; }
+    to.fusebox = server;
+    return RunTransfer(to);
+  }
   if (floor) {
     if (fo.echo.empty()) { std::fprintf(stderr, "fusebox-rpc-bench: --floor needs --echo\n%s", kUsage); return 2; }
     if (fo.bytes < 4 || fo.bytes % 4 != 0) { std::fprintf(stderr, "--floor_bytes: a multiple of 4\n"); return 2; }

@@ -6,9 +6,13 @@
 # MODE=floor instead also starts fusebox-rpc-echo (plain gRPC) and runs fusebox-rpc-bench
 # --floor: fusebox's 4 KiB GeLU against the echo of the same size, interleaved, as ratios with
 # 95% intervals over rounds; the header adds the command, nproc and the load average.
+# MODE=transfer: fusebox-rpc-bench --transfer, a 1 GiB Upload and Download through the C++
+# client on 1 and 4 connections against the echo's Sink and Source moving the same bytes on as
+# many parallel 4 MiB streams (BENCH_ARGS: --transfer_bytes, --connections 1,4,8, --rounds).
+# One command on any host: MODE=transfer bench/rpc/run_bench.sh build (BACKEND=cuda on a GPU).
 #
 # usage: bench/rpc/run_bench.sh [BUILD_DIR]   (default: build; builds the targets it runs)
-#   env: MODE=loopback|floor (default loopback), ECHO_BIN (prebuilt fusebox-rpc-echo),
+#   env: MODE=loopback|floor|transfer (default loopback), ECHO_BIN (prebuilt fusebox-rpc-echo),
 #        BACKEND=cpu|cuda|auto (default cpu), WORKERS (server --workers), OUT (results path),
 #        BENCH_ARGS (extra fusebox-rpc-bench flags), NO_BUILD=1 (skip cmake --build),
 #        SERVER_BIN / BENCH_BIN (prebuilt binaries, e.g. from a device bundle; implies NO_BUILD),
@@ -18,14 +22,15 @@ cd "$(dirname "$0")/../.."
 build=${1:-build}
 backend=${BACKEND:-cpu}
 mode=${MODE:-loopback}
-[[ "$mode" == loopback || "$mode" == floor ]] || { echo "MODE: loopback or floor" >&2; exit 2; }
-if [[ "$mode" == floor ]]; then
-  out=${OUT:-bench/rpc/floor-$(date -u +%Y-%m-%d).md}
+[[ "$mode" == loopback || "$mode" == floor || "$mode" == transfer ]] ||
+  { echo "MODE: loopback, floor or transfer" >&2; exit 2; }
+if [[ "$mode" == floor || "$mode" == transfer ]]; then
+  out=${OUT:-bench/rpc/$mode-$(date -u +%Y-%m-%d).md}
 else
   out=${OUT:-bench/rpc/results-$(date -u +%Y-%m-%d).md}
 fi
 targets=(fusebox-server fusebox-rpc-bench)
-[[ "$mode" == floor ]] && targets+=(fusebox-rpc-echo)
+[[ "$mode" != loopback ]] && targets+=(fusebox-rpc-echo)
 if [[ -z "${NO_BUILD:-}${SERVER_BIN:-}${BENCH_BIN:-}${ECHO_BIN:-}" ]]; then
   cmake --build "$build" --target "${targets[@]}" -j"$(nproc)" >/dev/null
 fi
@@ -65,6 +70,11 @@ if [[ "$mode" == floor ]]; then
   echo_port=$port
   b+=(--floor --echo "127.0.0.1:$echo_port")
   table=$("${b[@]}")
+elif [[ "$mode" == transfer ]]; then
+  start echo "$echo_bin" --address=127.0.0.1:0
+  echo_port=$port
+  b+=(--transfer --echo "127.0.0.1:$echo_port")
+  table=$("${b[@]}")
 else
   table=$("${b[@]}" --cases 4KiB:1,4KiB:8,64MiB:1)
   # The 64 MiB alternatives: a serialized protobuf request; a fresh result buffer per call.
@@ -79,7 +89,28 @@ if [[ -z "${COMMIT:-}" ]] && ! git diff --quiet HEAD -- client bench server prot
 fi
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 mem=$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)
-if [[ "$mode" == floor ]]; then
+if [[ "$mode" == transfer ]]; then
+{
+  echo "# fusebox bulk transfers: Upload and Download on 1 and N connections against a plain gRPC floor"
+  echo
+  echo "- date: $(date -u +'%Y-%m-%d %H:%M UTC')"
+  echo "- commit: $commit"
+  echo "- machine: $(uname -srm); $cpu; \`nproc\` $(nproc); $mem"
+  echo "- load average (1, 5, 15 min): $load_before before, $load_after after"
+  [[ -n "${NOTE:-}" ]] && echo "- note: $NOTE"
+  echo "- command: \`MODE=transfer${BENCH_ARGS:+ BENCH_ARGS=\"$BENCH_ARGS\"}${BACKEND:+ BACKEND=$BACKEND}${OUT:+ OUT=$OUT} bench/rpc/run_bench.sh $build\`"
+  echo "- fusebox: \`$server_banner\` (flags: ${server_args[*]})"
+  echo "- echo: fusebox-rpc-echo Sink / Source (raw byte buffers on the server: counted, or one"
+  echo "  prebuilt message sent again and again; generated sync stubs on the client)"
+  echo "- client: \`${b[*]}\`; fusebox through fusebox_client: 1 connection is the plain"
+  echo "  Upload / Download stream, N > 1 the ranged path (CreateUpload, WriteUpload per"
+  echo "  connection, CommitUpload; ranged Downloads), ranges of 8 MiB in 4 MiB messages"
+  echo "- GB/s = tensor bytes / wall time of the whole transfer (create and commit included);"
+  echo "  medians over rounds, each round every target back to back"
+  echo
+  echo "$table"
+} >"$out"
+elif [[ "$mode" == floor ]]; then
 {
   echo "# fusebox RPC-path floor: inline GeLU against a plain gRPC echo"
   echo

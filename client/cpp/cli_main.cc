@@ -109,6 +109,7 @@ int main(int argc, char** argv) {
   std::string output, dtype_name, impl_name = "default";
   bool allow_tf32 = false, bf16_bits = false, quiet = false, keep = false, progress = false;
   long chunk_mib = 4;
+  int connections = 4;  // parallel transfers (Client::Options::transfer_connections)
   long timeout_ms = 60000;
   std::vector<std::string> inputs;
 
@@ -124,6 +125,11 @@ int main(int argc, char** argv) {
              "to the replica ID it starts with)");
   app.add_option("--timeout_ms", timeout_ms, "deadline for the call")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--connections", connections,
+                 "uploads and downloads of at least 64 MiB go as byte ranges on this many "
+                 "connections at once (1: one stream)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   app.add_flag("-q,--quiet", quiet, "do not print the timing or progress");
   app.add_flag("--progress", progress,
@@ -209,6 +215,7 @@ int main(int argc, char** argv) {
   else return Usage("unknown --impl '" + impl_name + "'");
 
   fc::Client::Options copts;
+  copts.transfer_connections = connections;
   if (const std::string m = conn.Mistake(); !m.empty()) return Usage(m);
   if (absl::Status st = conn.ApplyTo(&copts); !st.ok()) return Fail(st);
   // Several servers, "ID=HOST:PORT,...": a call naming a handle goes to the replica whose id

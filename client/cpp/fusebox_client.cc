@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,6 +26,7 @@
 #include <grpcpp/impl/codegen/proto_utils.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -235,6 +238,18 @@ class SliceReader {
       if (i_ >= s_.size()) return false;
       const size_t k = static_cast<size_t>(std::min<uint64_t>(n, s_[i_].size() - off_));
       if (out) out->append(reinterpret_cast<const char*>(s_[i_].begin()) + off_, k);
+      Advance(k);
+      n -= k;
+    }
+    return true;
+  }
+  // Copies the next n bytes to out.
+  bool CopyTo(uint64_t n, char* out) {
+    while (n > 0) {
+      if (i_ >= s_.size()) return false;
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(n, s_[i_].size() - off_));
+      std::memcpy(out, s_[i_].begin() + off_, k);
+      out += k;
       Advance(k);
       n -= k;
     }
@@ -479,8 +494,17 @@ absl::Status LoadTlsFiles(const std::string& ca_file, const std::string& cert_fi
   return absl::OkStatus();
 }
 
-std::unique_ptr<Client> Client::Create(const std::string& target, Options options) {
+namespace {
+
+// A channel to `target`; transfer >= 0 makes one for parallel transfers, on a connection of its
+// own (a subchannel pool of its own, and an argument no other channel has).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const Client::Options& options, int transfer) {
   grpc::ChannelArguments args;
+  if (transfer >= 0) {
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("fusebox.transfer_connection", transfer);
+  }
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   // No transparent retries: they would hold (and may copy) large payloads.
@@ -497,8 +521,26 @@ std::unique_ptr<Client> Client::Create(const std::string& target, Options option
       args.SetSslTargetNameOverride(options.tls.server_name);
     }
   }
-  auto channel = grpc::CreateCustomChannel(target, credentials, args);
-  return std::unique_ptr<Client>(new Client(std::move(channel), options));
+  return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+}  // namespace
+
+std::unique_ptr<Client> Client::Create(const std::string& target, Options options) {
+  std::unique_ptr<Client> c(new Client(MakeChannel(target, options, -1), options));
+  c->target_ = target;
+  return c;
+}
+
+std::vector<grpc::Channel*> Client::TransferChannels(int n) {
+  std::vector<grpc::Channel*> out = {channel_.get()};
+  std::lock_guard<std::mutex> lock(transfer_mu_);
+  while (static_cast<int>(transfer_channels_.size()) < n - 1) {
+    const int i = static_cast<int>(transfer_channels_.size());
+    transfer_channels_.push_back(MakeChannel(target_, options_, i));
+  }
+  for (int i = 0; i + 1 < n; ++i) out.push_back(transfer_channels_[i].get());
+  return out;
 }
 
 bool Client::WaitForReady(std::chrono::milliseconds timeout) {
@@ -622,6 +664,10 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
                                           std::chrono::milliseconds timeout,
                                           const TransferProgress& progress) {
   if (chunk_bytes <= 0) return absl::InvalidArgumentError("chunk_bytes must be > 0");
+  if (options_.transfer_connections > 1 &&
+      static_cast<int64_t>(tensor.data.size()) >= options_.parallel_min_bytes) {
+    return UploadRanged(tensor, 0, timeout, progress);
+  }
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout);
   pb::UploadResponse resp;
@@ -648,6 +694,14 @@ absl::StatusOr<TensorInfo> Client::Upload(const HostTensor& tensor, int64_t chun
 absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
                                             std::chrono::milliseconds timeout,
                                             const TransferProgress& progress) {
+  if (options_.transfer_connections > 1) {
+    // The size decides, so ask for it first: one small call, against a transfer worth splitting.
+    auto info = StatTensor(handle);
+    if (!info.ok()) return info.status();
+    if (info->size_bytes >= options_.parallel_min_bytes) {
+      return DownloadRanged(handle, 0, timeout, progress);
+    }
+  }
   grpc::ClientContext ctx;
   Prepare(&ctx, timeout, handle);
   pb::DownloadRequest req;
@@ -684,6 +738,248 @@ absl::StatusOr<HostTensor> Client::Download(const std::string& handle,
     return absl::InternalError(absl::StrCat("the download carried ", out.data.size(),
                                             " bytes of a tensor of ", size_bytes));
   }
+  return out;
+}
+
+namespace {
+
+// Progress across a transfer's threads: one callback at a time, the count never going back.
+class SharedProgress {
+ public:
+  SharedProgress(const TransferProgress& progress, int64_t total)
+      : progress_(progress), total_(total) {}
+  void Add(int64_t n) {
+    if (!progress_) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ += n;
+    progress_(done_, total_);
+  }
+
+ private:
+  const TransferProgress& progress_;
+  const int64_t total_;
+  std::mutex mu_;
+  int64_t done_ = 0;
+};
+
+// The first error of a transfer's threads; the others stop at their next range.
+class FirstError {
+ public:
+  void Set(absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status_.ok()) status_ = std::move(s);
+    failed_ = true;
+  }
+  bool failed() const { return failed_.load(); }
+  absl::Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::Status status_;
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int connections,
+                                                std::chrono::milliseconds timeout,
+                                                const TransferProgress& progress) {
+  if (connections <= 0) connections = std::max(1, options_.transfer_connections);
+  const int64_t range = std::max<int64_t>(1, options_.range_bytes);
+  const int64_t size = static_cast<int64_t>(tensor.data.size());
+  std::string id;
+  {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, timeout);
+    pb::CreateUploadRequest req;
+    req.set_dtype(static_cast<pb::DType>(static_cast<int>(tensor.dtype)));
+    for (int64_t d : tensor.shape) req.add_shape(d);
+    pb::CreateUploadResponse resp;
+    absl::Status st = FromGrpc(kernel_stub_->CreateUpload(&ctx, req, &resp));
+    if (!st.ok()) return st;
+    if (resp.size_bytes() != size) {
+      // The server sized it from dtype and shape; sending other bytes cannot succeed.
+      grpc::ClientContext actx;
+      Prepare(&actx, {}, resp.upload_id());
+      pb::AbortUploadRequest areq;
+      areq.set_upload_id(resp.upload_id());
+      pb::AbortUploadResponse aresp;
+      kernel_stub_->AbortUpload(&actx, areq, &aresp);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tensor's data is ", size, " bytes; its dtype and shape make ", resp.size_bytes()));
+    }
+    id = resp.upload_id();
+  }
+  const int64_t ranges = (size + range - 1) / range;
+  connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
+  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
+  std::atomic<int64_t> next{0};
+  SharedProgress shared(progress, size);
+  FirstError error;
+  // Each thread: one WriteUpload stream on its connection, taking the next range until none is
+  // left; each message is one chunk of at most 4 MiB (gRPC's default receive limit's size),
+  // encoded by hand around a slice that points at the caller's bytes: no client-side copy.
+  static const grpc::internal::RpcMethod kWrite("/fusebox.v1.KernelService/WriteUpload",
+                                                grpc::internal::RpcMethod::CLIENT_STREAMING);
+  auto work = [&](grpc::Channel* channel) {
+    // The first range before the stream: one that would carry no message is never opened (the
+    // server refuses a WriteUpload that names no upload).
+    int64_t r = next.fetch_add(1);
+    if (r >= ranges || error.failed()) return;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, timeout, id);
+    grpc::ByteBuffer resp;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, kWrite, &ctx,
+                                                                      &resp));
+    constexpr int64_t kChunk = int64_t{4} << 20;
+    bool open = true, first = true;
+    for (; open && !error.failed() && r < ranges; r = next.fetch_add(1)) {
+      for (int64_t off = r * range, end = std::min(size, off + range); off < end;) {
+        const int64_t n = std::min(kChunk, end - off);
+        // WriteUploadRequest { string upload_id = 1; int64 offset = 2; bytes data = 3; }
+        std::string head;
+        if (first) {
+          head.push_back(0x0a);
+          PutVarint(&head, id.size());
+          head += id;
+        }
+        head.push_back(0x10);
+        PutVarint(&head, static_cast<uint64_t>(off));
+        head.push_back(0x1a);
+        PutVarint(&head, static_cast<uint64_t>(n));
+        grpc::Slice slices[2] = {
+            grpc::Slice(head),
+            grpc::Slice(tensor.data.data() + off, static_cast<size_t>(n),
+                        grpc::Slice::STATIC_SLICE)};  // alive until the call has finished
+        grpc::ByteBuffer msg(slices, 2);
+        if (!writer->Write(msg)) {  // the server ended the call; Finish says why
+          open = false;
+          break;
+        }
+        first = false;
+        shared.Add(n);
+        off += n;
+      }
+    }
+    writer->WritesDone();
+    absl::Status st = FromGrpc(writer->Finish());
+    if (!st.ok()) error.Set(st);
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
+  work(channels[0]);
+  for (auto& t : threads) t.join();
+  absl::Status st = error.status();
+  if (st.ok()) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, timeout, id);
+    pb::CommitUploadRequest req;
+    req.set_upload_id(id);
+    pb::CommitUploadResponse resp;
+    st = FromGrpc(kernel_stub_->CommitUpload(&ctx, req, &resp));
+    if (st.ok()) return FromProto(resp.tensor());
+  }
+  // Give the reservation back now rather than after the server's idle timeout.
+  grpc::ClientContext ctx;
+  Prepare(&ctx, {}, id);
+  pb::AbortUploadRequest req;
+  req.set_upload_id(id);
+  pb::AbortUploadResponse resp;
+  kernel_stub_->AbortUpload(&ctx, req, &resp);
+  return st;
+}
+
+absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int connections,
+                                                  std::chrono::milliseconds timeout,
+                                                  const TransferProgress& progress) {
+  if (connections <= 0) connections = std::max(1, options_.transfer_connections);
+  const int64_t range = std::max<int64_t>(1, options_.range_bytes);
+  auto info = StatTensor(handle);
+  if (!info.ok()) return info.status();
+  HostTensor out;
+  out.dtype = info->dtype;
+  out.shape = info->shape;
+  if (absl::Status d = CheckServerDType(out.dtype); !d.ok()) return d;
+  const int64_t size = std::max<int64_t>(0, info->size_bytes);
+  try {  // the size is the server's word: one this host cannot hold is an error
+    out.data.resize(static_cast<size_t>(size));
+  } catch (const std::exception&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the tensor is ", size, " bytes: more than this client can allocate"));
+  }
+  const int64_t ranges = (size + range - 1) / range;
+  connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
+  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
+  std::atomic<int64_t> next{0};
+  SharedProgress shared(progress, size);
+  FirstError error;
+  // Each thread: one ranged Download at a time on its connection, each message's data copied
+  // from gRPC's receive slices straight into place (no message parsed first).
+  static const grpc::internal::RpcMethod kDownload("/fusebox.v1.KernelService/Download",
+                                                   grpc::internal::RpcMethod::SERVER_STREAMING);
+  auto work = [&](grpc::Channel* channel) {
+    for (int64_t r; !error.failed() && (r = next.fetch_add(1)) < ranges;) {
+      const int64_t begin = r * range, len = std::min(range, size - begin);
+      grpc::ClientContext ctx;
+      Prepare(&ctx, timeout, handle);
+      pb::DownloadRequest req;
+      req.set_handle(handle);
+      req.set_offset(begin);
+      req.set_length(len);
+      std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+          grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel, kDownload, &ctx,
+                                                                        Serialize(req)));
+      grpc::ByteBuffer msg;
+      int64_t got = 0;
+      absl::Status bad;
+      while (bad.ok() && reader->Read(&msg)) {
+        // DownloadResponse { TensorInfo tensor = 1; bytes data = 2; }
+        std::vector<grpc::Slice> slices;
+        if (!msg.Dump(&slices).ok()) {
+          bad = absl::InternalError("a download message could not be read");
+          break;
+        }
+        SliceReader rd(slices);
+        uint64_t tag = 0, n = 0;
+        while (bad.ok() && rd.pos() < rd.total()) {
+          if (!rd.Varint(&tag)) {
+            bad = absl::InternalError("a download message is malformed");
+          } else if (tag == 0x12) {
+            if (!rd.Length(&n) || got + static_cast<int64_t>(n) > len ||
+                !rd.CopyTo(n, &out.data[static_cast<size_t>(begin + got)])) {
+              bad = absl::InternalError(absl::StrCat(
+                  "a ranged download of ", len, " bytes at ", begin, " sent more, or bad bytes"));
+            } else {
+              got += static_cast<int64_t>(n);
+              shared.Add(static_cast<int64_t>(n));
+            }
+          } else if (!rd.Skip(static_cast<int>(tag & 7))) {
+            bad = absl::InternalError("a download message is malformed");
+          }
+        }
+      }
+      if (!bad.ok()) ctx.TryCancel();
+      absl::Status st = FromGrpc(reader->Finish());
+      if (!bad.ok()) st = bad;
+      if (st.ok() && got != len) {
+        st = absl::InternalError(absl::StrCat("a ranged download of ", len, " bytes at ", begin,
+                                              " carried ", got));
+      }
+      if (!st.ok()) {
+        error.Set(st);
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
+  work(channels[0]);
+  for (auto& t : threads) t.join();
+  if (absl::Status st = error.status(); !st.ok()) return st;
   return out;
 }
 

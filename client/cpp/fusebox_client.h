@@ -225,6 +225,13 @@ class Client {
     std::vector<std::pair<std::string, int>> channel_args;
     // Plaintext unless tls.on().
     TlsOptions tls;
+    // Parallel transfers: an Upload or Download of at least parallel_min_bytes goes as byte
+    // ranges of range_bytes (CreateUpload / WriteUpload / CommitUpload; ranged Downloads), on
+    // transfer_connections connections at once (this client's own and ones opened for
+    // transfers on first use). 1 = one stream on one connection (plain Upload / Download).
+    int transfer_connections = 4;
+    int64_t parallel_min_bytes = int64_t{64} << 20;
+    int64_t range_bytes = int64_t{8} << 20;
   };
 
   // Creates a channel to target ("host:port"). Does not wait for the server;
@@ -253,14 +260,25 @@ class Client {
                     const CallOptions& opts = {});
 
   // Tensors held by the server (on the GPU with the CUDA backend), usable as
-  // Arg::Handle(info.handle) in any op. Upload streams chunks of chunk_bytes.
-  // progress, when set, is called after every chunk with the bytes moved so far and in all.
+  // Arg::Handle(info.handle) in any op. Upload streams chunks of chunk_bytes; tensors of at
+  // least Options::parallel_min_bytes go in ranges on several connections (UploadRanged,
+  // DownloadRanged). progress, when set, is called after every chunk with the bytes moved so
+  // far and in all (from the transfer's threads, one call at a time, never going back).
   absl::StatusOr<TensorInfo> Upload(const HostTensor& tensor, int64_t chunk_bytes = 4 << 20,
                                     std::chrono::milliseconds timeout = {},
                                     const TransferProgress& progress = {});
   absl::StatusOr<HostTensor> Download(const std::string& handle,
                                       std::chrono::milliseconds timeout = {},
                                       const TransferProgress& progress = {});
+  // The parallel paths themselves, whatever the size: `connections` streams (0 = the
+  // options'), each on its own connection, take ranges of range_bytes in turn. An upload that
+  // fails is aborted on the server (nothing left behind).
+  absl::StatusOr<TensorInfo> UploadRanged(const HostTensor& tensor, int connections = 0,
+                                          std::chrono::milliseconds timeout = {},
+                                          const TransferProgress& progress = {});
+  absl::StatusOr<HostTensor> DownloadRanged(const std::string& handle, int connections = 0,
+                                            std::chrono::milliseconds timeout = {},
+                                            const TransferProgress& progress = {});
   absl::StatusOr<int64_t> FreeTensor(const std::string& handle);  // bytes freed
   absl::StatusOr<TensorList> ListTensors();
   absl::StatusOr<TensorInfo> StatTensor(const std::string& handle);
@@ -298,10 +316,17 @@ class Client {
                          grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
                          const std::string& handle = {});
 
+  // `n` connections: this client's own channel first, then channels made (once) for
+  // transfers, each with a subchannel pool of its own so that each is a connection of its own.
+  std::vector<grpc::Channel*> TransferChannels(int n);
+
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
   std::unique_ptr<v1::KernelService::Stub> kernel_stub_;  // streaming and small RPCs
   Options options_;
+  std::string target_;
+  std::mutex transfer_mu_;
+  std::vector<std::shared_ptr<grpc::Channel>> transfer_channels_;  // guarded by transfer_mu_
 };
 
 // Converts a gRPC status to absl (the codes are the same numbers).

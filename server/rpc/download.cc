@@ -48,12 +48,28 @@ class KernelServiceImpl::DownloadReactor final
       End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "chunk_bytes must be >= 0"));
       return;
     }
+    if (req->offset() < 0 || req->length() < 0) {
+      End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrCat("a download range has offset and length >= 0 (asked for ",
+                                    req->offset(), " and ", req->length(), ")")));
+      return;
+    }
     auto t = svc_->store_->Get(c->tenant, req->handle());
     if (!t.ok()) {
       End(ToGrpcStatus(t.status()));
       return;
     }
     tensor_ = *std::move(t);
+    // The range [sent_, end_): length 0 is the rest of the tensor from the offset.
+    if (req->offset() > tensor_->bytes || req->length() > tensor_->bytes - req->offset()) {
+      End(grpc::Status(grpc::StatusCode::OUT_OF_RANGE,
+                       absl::StrCat("bytes [", req->offset(), ", ", req->offset() + req->length(),
+                                    ") are past the end of the tensor (", tensor_->bytes,
+                                    " bytes)")));
+      return;
+    }
+    sent_ = begin_ = req->offset();
+    end_ = req->length() == 0 ? tensor_->bytes : req->offset() + req->length();
     FillInfo(*tensor_, msg_.mutable_tensor());
     // Every message, the first with its header, must fit the server's message limit
     // (max_output_bytes leaves 4 KiB for the rest of a message; the header's own size is
@@ -62,7 +78,7 @@ class KernelServiceImpl::DownloadReactor final
     chunk_ = std::min({req->chunk_bytes() == 0 ? kDefaultChunkBytes : req->chunk_bytes(),
                        kMaxChunkBytes, std::max<int64_t>(1, svc_->limits_.max_output_bytes - header)});
     // A chunk is in host memory twice while it is sent: ours, and gRPC's serialized copy.
-    auto token = svc_->ReserveTransfer(c->tenant, 2 * std::min(chunk_, tensor_->bytes), "download",
+    auto token = svc_->ReserveTransfer(c->tenant, 2 * std::min(chunk_, end_ - sent_), "download",
                                        ", or ask for a smaller chunk_bytes");
     if (!token.ok()) {
       End(ToGrpcStatus(token.status()));
@@ -80,7 +96,7 @@ class KernelServiceImpl::DownloadReactor final
       return;
     }
     msg_.clear_tensor();
-    if (sent_ == tensor_->bytes) {
+    if (sent_ == end_) {
       End(grpc::Status::OK);
       return;
     }
@@ -90,10 +106,10 @@ class KernelServiceImpl::DownloadReactor final
   void OnDone() override { delete this; }
 
  private:
-  // Copies the next chunk out and writes it (the header alone for an empty tensor).
+  // Copies the next chunk out and writes it (the header alone for an empty range).
   void Next() {
     tensor_->last_used_ns = SteadyNowNs();  // in use: idle expiry waits for the reader
-    const int64_t n = std::min(chunk_, tensor_->bytes - sent_);
+    const int64_t n = std::min(chunk_, end_ - sent_);
     msg_.mutable_data()->resize(static_cast<size_t>(n));
     if (n == 0) {
       Write();
@@ -120,7 +136,7 @@ class KernelServiceImpl::DownloadReactor final
   // No copy or write is in flight here: the chunk and its budget go back before the status
   // does, so the client's next call finds them free.
   void End(const grpc::Status& s) {
-    svc_->RecordOther("Download", s, 0, sent_);
+    svc_->RecordOther("Download", s, 0, sent_ - begin_);
     msg_.Clear();
     out_.Clear();
     held_.reset();
@@ -133,7 +149,7 @@ class KernelServiceImpl::DownloadReactor final
   v1::DownloadResponse msg_;
   grpc::ByteBuffer out_;  // msg_ serialized, until written
   int64_t chunk_ = kDefaultChunkBytes;
-  int64_t sent_ = 0;
+  int64_t begin_ = 0, sent_ = 0, end_ = 0;  // the range, and how far it has gone
   std::shared_ptr<void> held_;  // in-flight budget for the chunk's two copies
   StallWatch::Call stall_;  // last: leaves the watch first
 };

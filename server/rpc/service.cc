@@ -53,9 +53,22 @@ KernelServiceImpl::KernelServiceImpl(Backend* backend, Metrics* metrics, TensorS
                                                       limits.max_tenant_inflight_bytes)
                     : nullptr),
       stalls_(limits.stall_timeout_seconds),
-      shm_(shm) {}
+      shm_(shm),
+      uploads_(store == nullptr ? nullptr
+                                : std::make_unique<PendingUploads>(
+                                      store, limits.stall_timeout_seconds > 0
+                                                 ? limits.stall_timeout_seconds
+                                                 : store->limits().idle_expiry_seconds)) {}
 
-int KernelServiceImpl::CancelStalled() { return stalls_.CancelStalled(SteadyNowNs()); }
+int KernelServiceImpl::CancelStalled() {
+  const int64_t now = SteadyNowNs();
+  if (uploads_) uploads_->ExpireIdle(now);
+  return stalls_.CancelStalled(now);
+}
+
+int64_t KernelServiceImpl::PendingUploadCount() const {
+  return uploads_ ? uploads_->count() : 0;
+}
 
 absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
     const std::string& tenant, int64_t bytes, const char* what, const char* advice) const {

@@ -19,6 +19,7 @@
 #include "server/core/request.h"
 #include "server/rpc/stall_watch.h"
 #include "server/core/tensor_store.h"
+#include "server/core/pending_uploads.h"
 
 namespace fusebox {
 
@@ -33,7 +34,11 @@ using RawKernelService = v1::KernelService::WithRawCallbackMethod_RegisterShared
                     v1::KernelService::WithRawCallbackMethod_Download<
                         v1::KernelService::WithRawCallbackMethod_FreeTensor<
                             v1::KernelService::WithRawCallbackMethod_ListTensors<
-                                v1::KernelService::Service>>>>>>>>>>>;
+                                v1::KernelService::WithRawCallbackMethod_CreateUpload<
+                                    v1::KernelService::WithRawCallbackMethod_WriteUpload<
+                                        v1::KernelService::WithRawCallbackMethod_CommitUpload<
+                                            v1::KernelService::WithRawCallbackMethod_AbortUpload<
+                                                v1::KernelService::Service>>>>>>>>>>>>>>>;
 
 class KernelServiceImpl final : public RawKernelService {
  public:
@@ -75,13 +80,31 @@ class KernelServiceImpl final : public RawKernelService {
                                              const grpc::ByteBuffer* req,
                                              grpc::ByteBuffer* resp) override;
 
-  // Cancels the calls that have waited on their clients past the stall timeout (StallWatch);
-  // returns how many. The server's sweeper calls it.
+  // Ranged uploads (ranged_upload.cc): a reservation, writes of byte ranges on any number of
+  // streams, and a commit once every byte is written.
+  grpc::ServerUnaryReactor* CreateUpload(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* WriteUpload(grpc::CallbackServerContext* ctx,
+                                                         grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* CommitUpload(grpc::CallbackServerContext* ctx,
+                                         const grpc::ByteBuffer* req,
+                                         grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* AbortUpload(grpc::CallbackServerContext* ctx,
+                                        const grpc::ByteBuffer* req,
+                                        grpc::ByteBuffer* resp) override;
+
+  // Cancels the calls that have waited on their clients past the stall timeout (StallWatch),
+  // and drops ranged uploads left idle past it; returns how many calls it cancelled. The
+  // server's sweeper calls it.
   int CancelStalled();
+  // Ranged uploads open (created, not yet committed, aborted or dropped); 0 without a store.
+  int64_t PendingUploadCount() const;
 
  private:
   class UploadReactor;
   class DownloadReactor;
+  class WriteUploadReactor;
 
   // An RPC that runs no op (Upload, Download, FreeTensor, ListTensors) in the
   // metrics, if any: StartOther when it arrives (calls_in_flight), RecordOther
@@ -122,6 +145,9 @@ class KernelServiceImpl final : public RawKernelService {
   const std::unique_ptr<InflightBytes> inflight_;  // null: no limit
   StallWatch stalls_;
   SharedMemoryRegistry* const shm_;  // null: no shared memory
+  // Ranged uploads; null without a store. Idle ones are dropped after the stall timeout (the
+  // idle expiry where that is 0), from CancelStalled.
+  const std::unique_ptr<PendingUploads> uploads_;
 };
 
 }  // namespace fusebox

@@ -192,7 +192,67 @@ def upload_seeds():
     }
 
 
+# --- ranged_upload_fuzzer: scripts of ranged-upload calls (see ranged_upload_fuzzer.cc).
+
+def r_create(dtype, dims):
+    out = bytes([0, dtype & 0xFF, len(dims)])
+    for d in dims:
+        out += bytes([d]) if 0 <= d < 33 else b"\xf0" + struct.pack("<q", d)
+    return out
+
+
+def r_f32(a, b):  # float32 [a, b], 1 <= a, b <= 64
+    return bytes([6, a - 1, b - 1])
+
+
+def r_range(offset, n, flags=0):
+    return bytes([flags]) + struct.pack("<HH", offset, n)
+
+
+def r_write(*ranges, cancel=False):
+    return bytes([2 if cancel else 1, len(ranges) - 1]) + b"".join(ranges)
+
+
+def r_commit(offset=0, length=0, flags=0):
+    return bytes([3]) + struct.pack("<HH", offset, length) + bytes([flags])
+
+
+R_ABORT, R_UNKNOWN = bytes([4]), bytes([5])
+
+
+def ranged_upload_seeds():
+    # float32 [4, 8]: 128 bytes; the write's offset is taken % (size + 64).
+    return {
+        "one-range": r_f32(4, 8) + r_write(r_range(0, 128)) + r_commit(16, 32),
+        "two-streams-out-of-order": r_f32(4, 8) + r_write(r_range(64, 64))
+        + r_write(r_range(0, 32), r_range(32, 32)) + r_commit(100, 0),
+        "missing-range": r_f32(4, 8) + r_write(r_range(0, 64)) + r_commit()
+        + r_write(r_range(64, 64)) + r_commit(),
+        "overlap": r_f32(4, 8) + r_write(r_range(0, 64)) + r_write(r_range(32, 64))
+        + r_write(r_range(64, 64)) + r_commit(),
+        "overlap-within-a-stream": r_f32(4, 8) + r_write(r_range(0, 64), r_range(60, 8))
+        + r_commit(),
+        "past-the-end": r_f32(4, 8) + r_write(r_range(120, 16)) + r_write(r_range(129, 0))
+        + R_ABORT,
+        "negative-offset": r_f32(4, 8) + r_write(r_range(0, 4, flags=1)) + R_ABORT,
+        "no-upload-id": r_f32(4, 8) + r_write(r_range(0, 128, flags=4)) + r_commit(),
+        "two-ids-on-a-stream": r_f32(4, 8) + r_write(r_range(0, 64), r_range(64, 64, flags=2))
+        + r_commit(),
+        "cancelled-stream": r_f32(4, 8) + r_write(r_range(0, 128), cancel=True)
+        + r_write(r_range(0, 128)) + r_commit(0, 200),
+        "download-at-minus-one": r_f32(2, 2) + r_write(r_range(0, 16)) + r_commit(0, 0, flags=1),
+        "unknown-id": R_UNKNOWN + r_write(r_range(0, 4)) + R_ABORT + r_commit(),
+        "bad-headers": r_create(0, [4]) + r_create(9, [4]) + r_create(1, [-4])
+        + r_create(1, [1 << 40, 1 << 40]) + r_create(1, [32, 32, 32]),
+        "empty-tensor": r_create(1, [0, 5]) + r_write(r_range(0, 0)) + r_commit(),
+        "create-twice": r_f32(4, 8) + r_write(r_range(0, 64)) + r_f32(2, 2)
+        + r_write(r_range(0, 16)) + r_commit(),
+        "f16-odd": r_create(2, [3, 5]) + r_write(r_range(0, 10), r_range(10, 20)) + r_commit(3, 7),
+    }
+
+
 if __name__ == "__main__":
     write("request", request_seeds())
     write("npy", npy_seeds())
     write("upload", upload_seeds())
+    write("ranged_upload", ranged_upload_seeds())

@@ -1101,3 +1101,20 @@ def test_bodies_that_do_not_parse_are_invalid_argument_counted_and_logged_at_mos
         assert 1 <= len(lines) <= 10, lines[:3] + [f"... {len(lines)} lines"]
     finally:
         s.kill()
+
+
+def test_cli_splits_large_transfers_over_its_connections(server, tmp_path):
+    # 64 MiB and 12 bytes of float32: at the split threshold, so ranges on --connections.
+    x = np.random.default_rng(3).standard_normal((16 << 20) + 3).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = cli("--server", server.address, "--connections", "3", "upload", str(tmp_path / "x.npy"),
+            "-q", timeout=120)
+    assert r.returncode == 0, r.stderr
+    h = r.stdout.split()[0]
+    r = cli("--server", server.address, "--connections", "3", "download", h, "-o",
+            str(tmp_path / "y.npy"), "-q", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "y.npy").tobytes() == x.tobytes()
+    assert cli("--server", server.address, "free", h).returncode == 0
+    r = cli("--server", server.address, "--connections", "0", "list")
+    assert r.returncode == 2 and "connections" in r.stderr

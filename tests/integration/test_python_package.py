@@ -282,3 +282,71 @@ def test_the_package_names_its_version() -> None:
     if os.environ.get("FUSEBOX_PIP_INSTALLED") == "1":
         from importlib.metadata import version
         assert version("fusebox-client") == fusebox_client.__version__
+
+
+# --- parallel transfers ----------------------------------------------------------------------
+
+def _odd_float16(n_bytes: int, seed: int) -> npt.NDArray[np.float16]:
+    """float16 values of n_bytes (even), made from random bits with NaNs and infs cleared."""
+    bits = np.random.default_rng(seed).integers(0, 1 << 16, n_bytes // 2, dtype=np.uint16)
+    bits &= np.uint16(0xBBFF)  # exponent never all ones: every value finite
+    out: npt.NDArray[np.float16] = bits.view(np.float16)
+    return out
+
+
+def test_the_default_split_round_trips_a_large_tensor_on_several_connections(
+        server: Any) -> None:
+    # 100 MiB and 6 bytes: past the 64 MiB default, so ranges of 8 MiB on 4 connections, the
+    # last range short; progress counts across the streams, one call at a time, never back.
+    x = _odd_float16((100 << 20) + 6, 5)
+    with Client(server.address, timeout=120) as c:
+        up: List[Tuple[int, int]] = []
+        h = c.upload(x, progress=lambda d, t: up.append((d, t)))
+        assert up[-1] == (x.nbytes, x.nbytes)
+        assert all(a[0] < b[0] for a, b in zip(up, up[1:]))
+        assert len(c._transfer_channels) == 3  # it did open connections of its own
+        down: List[int] = []
+        y = c.download(h, progress=lambda d, t: down.append(d))
+        assert down[-1] == x.nbytes
+        assert y.dtype == np.float16 and y.shape == x.shape
+        assert y.view(np.uint16).tobytes() == x.view(np.uint16).tobytes()
+        assert held(c) == [h.id]  # the ranged upload left nothing else behind
+        h.free()
+
+
+def test_a_ranged_upload_that_fails_leaves_nothing_and_raises(server: Any) -> None:
+    x = np.zeros(3 << 20, dtype=np.float32)
+    with Client(server.address, timeout=30, parallel_min_bytes=1 << 20,
+                range_bytes=1 << 20) as c:
+        def stop_half_way(done: int, total: int) -> None:
+            if done > total // 2:
+                raise RuntimeError("stop")  # a stream breaks: gRPC cancels it
+        with pytest.raises(FuseboxError):
+            c.upload(x, progress=stop_half_way)
+        assert held(c) == []
+        # The reservation goes back with the abort, once the server has ended the broken
+        # streams (the client hears of their end first).
+        for _ in range(100):
+            if c.list_tensors()[1] == 0:
+                break
+            time.sleep(0.05)
+        assert c.list_tensors()[1] == 0
+
+
+def test_the_async_client_splits_large_transfers_too(server: Any) -> None:
+    x = _odd_float16((3 << 20) + 2, 9)
+
+    async def run() -> Tuple[bytes, List[int], int]:
+        async with AsyncClient(server.address, timeout=60, parallel_min_bytes=1 << 20,
+                               range_bytes=256 << 10, connections=3) as c:
+            seen: List[int] = []
+            h = await c.upload(x, progress=lambda d, t: seen.append(d))
+            y = await c.download(h, progress=lambda d, t: None)
+            opened = len(c._transfer_channels)
+            await c.free(h)
+            return y.view(np.uint16).tobytes(), seen, opened
+
+    back, seen, opened = asyncio.run(run())
+    assert back == x.view(np.uint16).tobytes()
+    assert seen[-1] == x.nbytes and seen == sorted(seen)
+    assert opened == 2

@@ -214,6 +214,22 @@ def test_the_cpp_client_routes_its_handles_through_the_proxy(cluster, tmp_path):
     assert len(replicas) > 1
 
 
+def test_ranged_uploads_and_downloads_reach_their_replica_through_the_proxy(cluster):
+    """A ranged upload's CreateUpload goes to any replica; its WriteUpload streams (several
+    connections) and its commit carry the upload id's replica in the header, so the proxy sends
+    them there: with three replicas, a write sent anywhere else would be NOT_FOUND."""
+    x = np.random.default_rng(8).standard_normal((3 << 18) + 5).astype(np.float32)  # 3 MiB
+    replicas = set()
+    with Client(cluster.proxy_address, token="tok-alice", timeout=30, connections=3,
+                parallel_min_bytes=1 << 20, range_bytes=256 << 10) as c:
+        for _ in range(6):
+            h = c.upload(x)
+            replicas.add(replica_of(h))
+            assert c.download(h).tobytes() == x.tobytes()
+            c.free(h)
+    assert len(replicas) > 1
+
+
 def test_chains_run_with_tls_on_both_sides_of_the_proxy(tmp_path):
     cluster = Cluster(tmp_path, tls=True)
     try:

@@ -27,6 +27,13 @@ SERVICE = "/fusebox.v1.KernelService/"
 PROTOBUF_LIMIT = (1 << 31) - 1
 INLINE_LIMIT = PROTOBUF_LIMIT - (1 << 20)
 DEFAULT_CHUNK_BYTES = 4 << 20
+# Parallel transfers: a tensor of at least PARALLEL_MIN_BYTES goes as byte ranges of
+# RANGE_BYTES on DEFAULT_CONNECTIONS connections at once (CreateUpload / WriteUpload /
+# CommitUpload; ranged Downloads); each WriteUpload message carries TRANSFER_CHUNK_BYTES.
+PARALLEL_MIN_BYTES = 64 << 20
+DEFAULT_CONNECTIONS = 4
+RANGE_BYTES = 8 << 20
+TRANSFER_CHUNK_BYTES = 4 << 20
 
 Metadata = Tuple[Tuple[str, str], ...]
 Pem = Union[bytes, str, "os.PathLike[str]"]
@@ -120,6 +127,14 @@ def channel_options(max_message_bytes: int, server_name: Optional[str]) -> List[
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
     return options
+
+
+def transfer_channel_options(options: List[Tuple[str, Any]], index: int
+                             ) -> List[Tuple[str, Any]]:
+    """A parallel transfer's extra channel: a subchannel pool of its own and an argument no
+    other channel has, so that it is a connection of its own."""
+    return options + [("grpc.use_local_subchannel_pool", 1),
+                      ("fusebox.transfer_connection", index)]
 
 
 def credentials(s: Settings) -> grpc.ChannelCredentials:
@@ -285,6 +300,7 @@ class Meter:
     stderr that appears once the transfer has taken a second, when tqdm is installed."""
 
     def __init__(self, progress: Progress, total: int, label: str) -> None:
+        self._lock = threading.Lock()  # a parallel transfer's threads add at once
         self.done = 0
         self.total = total
         self._callback: Optional[ProgressCallback] = None
@@ -301,11 +317,12 @@ class Meter:
                              file=sys.stderr)
 
     def add(self, n: int) -> None:
-        self.done += n
-        if self._callback is not None:
-            self._callback(self.done, self.total)
-        if self._bar is not None:
-            self._bar.update(n)
+        with self._lock:  # one callback at a time, its count never going back
+            self.done += n
+            if self._callback is not None:
+                self._callback(self.done, self.total)
+            if self._bar is not None:
+                self._bar.update(n)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -333,6 +350,91 @@ def _chunks(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadReques
         chunk = data[off:off + chunk_bytes]
         yield pb.UploadRequest(data=chunk.tobytes())
         meter.add(len(chunk))
+
+
+class RangeQueue:
+    """The byte ranges of a parallel transfer, handed out in turn to its streams (from any
+    thread); after stop() it hands out none, so the other streams end at their next range."""
+
+    def __init__(self, total: int, range_bytes: int) -> None:
+        if range_bytes <= 0:
+            raise ValueError(f"range_bytes must be > 0, not {range_bytes}")
+        self._lock = threading.Lock()
+        self._next = 0
+        self._total = total
+        self._range = range_bytes
+        self.stopped = False
+
+    def count(self) -> int:
+        return (self._total + self._range - 1) // self._range
+
+    def take(self) -> Optional[Tuple[int, int]]:
+        with self._lock:
+            if self.stopped or self._next >= self._total:
+                return None
+            start = self._next
+            self._next = min(self._total, start + self._range)
+            return start, self._next
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+
+
+def write_messages(upload_id: str, w: Wire, ranges: RangeQueue, meter: Meter,
+                   first_range: Tuple[int, int]) -> Iterator[pb.WriteUploadRequest]:
+    """One WriteUpload stream's messages: first_range (taken before the stream opens: the
+    server refuses a stream with no message), then the next range until none is left, in
+    chunks sliced from the caller's bytes (a chunk's copy, never the tensor's); the first
+    message names the upload."""
+    data = w.data()
+    first = True
+    r: Optional[Tuple[int, int]] = first_range
+    while r is not None:
+        for off in range(r[0], r[1], TRANSFER_CHUNK_BYTES):
+            chunk = data[off:min(r[1], off + TRANSFER_CHUNK_BYTES)]
+            yield pb.WriteUploadRequest(upload_id=upload_id if first else "", offset=off,
+                                        data=chunk.tobytes())
+            first = False
+            meter.add(len(chunk))
+        r = ranges.take()
+
+
+class RangedAssembly:
+    """A download fetched as byte ranges in parallel, each written into place in the result's
+    buffer (the tensor is held once)."""
+
+    def __init__(self, info: pb.TensorInfo, progress: Progress, label: str) -> None:
+        self.header = info
+        self.buf = np.empty(int(info.size_bytes), dtype=np.uint8)
+        self.meter = Meter(progress, int(info.size_bytes), label)
+
+    def put(self, offset: int, end: int, msgs: Iterator[pb.DownloadResponse]) -> None:
+        """Writes one ranged Download's messages at `offset`; checks they fill [offset, end)."""
+        for msg in msgs:
+            offset = self.write(offset, end, msg)
+        self.check_end(offset, end)
+
+    def write(self, offset: int, end: int, msg: pb.DownloadResponse) -> int:
+        """Writes one message of the range [.., end) at `offset`; returns the next offset."""
+        n = len(msg.data)
+        if offset + n > end:
+            raise FuseboxError(grpc.StatusCode.INTERNAL,
+                               "a ranged download sent more bytes than it asked for")
+        self.buf[offset:offset + n] = np.frombuffer(msg.data, dtype=np.uint8)
+        self.meter.add(n)
+        return offset + n
+
+    @staticmethod
+    def check_end(offset: int, end: int) -> None:
+        if offset != end:
+            raise FuseboxError(grpc.StatusCode.INTERNAL,
+                               f"a ranged download ended {end - offset} bytes short")
+
+    def result(self, output: OutputKind, bf16_output: Bf16Output) -> Any:
+        self.meter.close()
+        return decode(self.header.dtype, tuple(self.header.shape), self.buf, output=output,
+                      bf16_output=bf16_output)
 
 
 class DownloadAssembly:
@@ -413,6 +515,9 @@ REQUESTS: Dict[str, Any] = {
     "UnregisterSharedMemory": (pb.UnregisterSharedMemoryRequest,
                                pb.UnregisterSharedMemoryResponse),
     "ListSharedMemory": (pb.ListSharedMemoryRequest, pb.ListSharedMemoryResponse),
+    "CreateUpload": (pb.CreateUploadRequest, pb.CreateUploadResponse),
+    "CommitUpload": (pb.CommitUploadRequest, pb.CommitUploadResponse),
+    "AbortUpload": (pb.AbortUploadRequest, pb.AbortUploadResponse),
 }
 
 _IMPLS = {"default": 0, "cublaslt": 1, "tiled": 2}

@@ -15,15 +15,17 @@ import grpc.aio
 
 from fusebox.v1 import kernel_service_pb2 as pb
 
-from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, DownloadAssembly,
-                      Freer, Handle, HandleLike, Meter, Metadata, Pem, Progress, Request,
-                      TensorInfo, Timing, call_metadata, channel_options, check_inline,
-                      credentials, handle_id, health_request, health_status, identity,
-                      matmul_request, now, op_result, rpc_error, settings, tensor_info,
-                      unary_request, upload_messages, FuseboxError, SharedMemoryInfo,
-                      SharedOutput, SharedTensor, register_ipc_request, register_request,
-                      shared_key, shared_memory_info, shared_op_request, shared_upload_messages)
-from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
+from ._common import (call_metadata, channel_options, check_inline, credentials,
+                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, Freer,
+                      FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD, health_request,
+                      health_status, identity, matmul_request, Metadata, Meter, now, op_result,
+                      PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES, RangedAssembly, RangeQueue,
+                      register_ipc_request, register_request, Request, REQUESTS, rpc_error,
+                      SERVICE, settings, shared_key, shared_memory_info, shared_op_request,
+                      shared_upload_messages, SharedMemoryInfo, SharedOutput, SharedTensor,
+                      tensor_info, TensorInfo, Timing, transfer_channel_options, unary_request,
+                      upload_messages, write_messages)
+from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
 from .shm import RegisteredRegion, SharedMemoryRegion
 
@@ -38,7 +40,9 @@ class AsyncClient:
                  max_message_bytes: int = -1, token: Optional[str] = None, *, tls: bool = False,
                  root_certificates: Optional[Pem] = None, certificate_chain: Optional[Pem] = None,
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
-                 progress: Progress = None) -> None:
+                 progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
+                 parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+                 range_bytes: int = RANGE_BYTES) -> None:
         """The arguments and their defaults are Client's."""
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
@@ -47,11 +51,15 @@ class AsyncClient:
         self.progress = progress
         self._max_message_bytes = max_message_bytes
         self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
-        options = channel_options(max_message_bytes, server_name)
-        if s.tls:
-            self.channel = grpc.aio.secure_channel(s.target, credentials(s), options=options)
-        else:
-            self.channel = grpc.aio.insecure_channel(s.target, options=options)
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, not {connections}")
+        self.connections = connections
+        self.parallel_min_bytes = parallel_min_bytes
+        self.range_bytes = range_bytes
+        self._settings = s
+        self._options = channel_options(max_message_bytes, server_name)
+        self.channel = self._new_channel(self._options)
+        self._transfer_channels: List[grpc.aio.Channel] = []
         self._unary = {name: self.channel.unary_unary(SERVICE + name,
                                                       request_serializer=req.SerializeToString,
                                                       response_deserializer=resp.FromString)
@@ -71,12 +79,28 @@ class AsyncClient:
         self._frees: Set["asyncio.Task[None]"] = set()
         self._freer = Freer(self._free_later)
 
+    def _new_channel(self, options: List[Tuple[str, Any]]) -> grpc.aio.Channel:
+        if self._settings.tls:
+            return grpc.aio.secure_channel(self._settings.target, credentials(self._settings),
+                                           options=options)
+        return grpc.aio.insecure_channel(self._settings.target, options=options)
+
+    def _channels(self, n: int) -> List[grpc.aio.Channel]:
+        """n channels for a parallel transfer: this client's own, then ones made (once) for
+        transfers, each a connection of its own."""
+        while len(self._transfer_channels) < n - 1:
+            self._transfer_channels.append(self._new_channel(
+                transfer_channel_options(self._options, len(self._transfer_channels))))
+        return [self.channel] + self._transfer_channels[:n - 1]
+
     async def close(self) -> None:
         """Frees the tensors of the handles this client still owns, then closes the channel."""
         live = self._freer.take_live()
         self._freer.closed = True
         await asyncio.gather(*(self._free_quietly(h.id) for h in live), *self._frees)
         await self.channel.close()
+        for ch in self._transfer_channels:
+            await ch.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -303,6 +327,11 @@ class AsyncClient:
             return Handle(resp.tensor.handle, _freer=self._freer)
         w = to_wire(x, dtype)
         meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
+        if self.connections > 1 and w.nbytes >= self.parallel_min_bytes:
+            try:
+                return await self._upload_ranged(w, meter, self._deadline(timeout))
+            finally:
+                meter.close()
         try:
             resp = await self._upload(upload_messages(w, chunk_bytes, meter),
                                       timeout=self._deadline(timeout),
@@ -327,6 +356,13 @@ class AsyncClient:
         """Fetches a held tensor (bfloat16 as the ops return it); it stays on the server."""
         self._bind_loop()
         hid = handle_id(handle)
+        if self.connections > 1:  # the size decides: one small call, against a large transfer
+            info = await self._stat(hid)
+            if info.size_bytes >= self.parallel_min_bytes:
+                ranged = await self._download_ranged(
+                    info, self.progress if progress is None else progress,
+                    self._deadline(timeout), chunk_bytes)
+                return ranged.result(output, bf16_output)
         asm = DownloadAssembly(self.progress if progress is None else progress, "download")
         try:
             call = self._download(pb.DownloadRequest(handle=hid, chunk_bytes=chunk_bytes),
@@ -340,6 +376,97 @@ class AsyncClient:
             if asm.meter is not None:
                 asm.meter.close()
         return asm.result(output, bf16_output)
+
+    async def _stat(self, hid: str) -> pb.TensorInfo:
+        try:
+            r = await self._unary["ListTensors"](pb.ListTensorsRequest(handle=hid),
+                                                 timeout=self.timeout,
+                                                 metadata=call_metadata(self._metadata, [hid]))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        if len(r.tensors) != 1:
+            raise FuseboxError(grpc.StatusCode.NOT_FOUND, f"no tensor {hid}")
+        info: pb.TensorInfo = r.tensors[0]
+        return info
+
+    async def _upload_ranged(self, w: Wire, meter: Meter, timeout: float) -> Handle:
+        """Client._upload_ranged's steps, the streams as tasks of one gather."""
+        try:
+            created = await self._unary["CreateUpload"](
+                pb.CreateUploadRequest(dtype=w.dtype, shape=list(w.shape)), timeout=timeout,
+                metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        uid = created.upload_id
+        md = call_metadata(self._metadata, [uid])
+        ranges = RangeQueue(w.nbytes, self.range_bytes)
+        channels = self._channels(max(1, min(self.connections, ranges.count())))
+
+        async def stream(channel: grpc.aio.Channel) -> None:
+            write = channel.stream_unary(
+                SERVICE + "WriteUpload",
+                request_serializer=pb.WriteUploadRequest.SerializeToString,
+                response_deserializer=pb.WriteUploadResponse.FromString)
+            first = ranges.take()
+            if first is None:  # the other streams took every range: open none
+                return
+            try:
+                await write(write_messages(uid, w, ranges, meter, first), timeout=timeout,
+                            metadata=md)
+            except BaseException:
+                ranges.stop()  # the other streams end at their next range
+                raise
+
+        try:
+            await asyncio.gather(*(stream(ch) for ch in channels))
+            resp = await self._unary["CommitUpload"](pb.CommitUploadRequest(upload_id=uid),
+                                                     timeout=timeout, metadata=md)
+        except BaseException as e:
+            try:  # the reservation back now, not after the server's idle timeout
+                await self._unary["AbortUpload"](pb.AbortUploadRequest(upload_id=uid),
+                                                 timeout=10, metadata=md)
+            except grpc.RpcError:
+                pass
+            if isinstance(e, grpc.RpcError):
+                raise rpc_error(e) from None
+            raise
+        return Handle(resp.tensor.handle, _freer=self._freer)
+
+    async def _download_ranged(self, info: pb.TensorInfo, progress: Progress, timeout: float,
+                               chunk_bytes: int) -> RangedAssembly:
+        """One ranged Download at a time per connection, each written into place."""
+        asm = RangedAssembly(info, progress, "download")
+        ranges = RangeQueue(int(info.size_bytes), self.range_bytes)
+        channels = self._channels(max(1, min(self.connections, ranges.count())))
+        md = call_metadata(self._metadata, [info.handle])
+
+        async def fetch(channel: grpc.aio.Channel) -> None:
+            download = channel.unary_stream(
+                SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
+                response_deserializer=pb.DownloadResponse.FromString)
+            try:
+                while True:
+                    r = ranges.take()
+                    if r is None:
+                        return
+                    offset = r[0]
+                    async for msg in download(
+                            pb.DownloadRequest(handle=info.handle, offset=r[0],
+                                               length=r[1] - r[0], chunk_bytes=chunk_bytes),
+                            timeout=timeout, metadata=md):
+                        offset = asm.write(offset, r[1], msg)
+                    asm.check_end(offset, r[1])
+            except BaseException:
+                ranges.stop()
+                raise
+
+        try:
+            await asyncio.gather(*(fetch(ch) for ch in channels))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            asm.meter.close()
+        return asm
 
     async def free(self, handle: HandleLike) -> int:
         """Frees a held tensor now; returns the bytes freed. A Handle stops owning it."""

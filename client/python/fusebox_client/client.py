@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Set, Tuple,
                     Union, cast, overload)
 
@@ -34,16 +35,18 @@ import grpc
 
 from fusebox.v1 import kernel_service_pb2 as pb
 
-from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, DownloadAssembly,
-                      Freer, FuseboxError, Handle, HandleLike, Meter, Metadata, Pem, Progress,
-                      Request, TensorInfo, Timing, call_metadata, replica_of, channel_options, check_inline,
-                      credentials, handle_id, health_request, health_status, identity,
-                      matmul_request, now, op_result, rpc_error, settings, tensor_info,
-                      unary_request, upload_messages, SharedMemoryInfo, SharedOutput, SharedTensor,
-                      register_ipc_request, register_request, shared_key, shared_memory_info,
-                      shared_op_request, shared_upload_messages)
+from ._common import (call_metadata, channel_options, check_inline, credentials,
+                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, Freer,
+                      FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD, health_request,
+                      health_status, identity, matmul_request, Metadata, Meter, now, op_result,
+                      PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES, RangedAssembly, RangeQueue,
+                      register_ipc_request, register_request, replica_of, Request, REQUESTS,
+                      rpc_error, SERVICE, settings, shared_key, shared_memory_info,
+                      shared_op_request, shared_upload_messages, SharedMemoryInfo, SharedOutput,
+                      SharedTensor, tensor_info, TensorInfo, Timing, transfer_channel_options,
+                      unary_request, upload_messages, write_messages)
 from .shm import RegisteredRegion, SharedMemoryRegion
-from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
+from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
     import torch  # type: ignore[import-not-found, unused-ignore]
@@ -60,7 +63,9 @@ class Client:
                  max_message_bytes: int = -1, token: Optional[str] = None, *, tls: bool = False,
                  root_certificates: Optional[Pem] = None, certificate_chain: Optional[Pem] = None,
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
-                 progress: Progress = None) -> None:
+                 progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
+                 parallel_min_bytes: int = PARALLEL_MIN_BYTES,
+                 range_bytes: int = RANGE_BYTES) -> None:
         """target: "host:port", "unix:/path" (default $FUSEBOX_SERVER, else localhost:50051);
         timeout: each call's deadline in seconds; max_message_bytes: this side's limit on one
         message (-1: none but protobuf's 2 GiB); token: bearer token for a server started with
@@ -75,7 +80,11 @@ class Client:
 
         progress: for uploads and downloads, None shows a tqdm bar on stderr (when tqdm is
         installed) once a transfer has taken a second; False shows none; a callable is called
-        with (bytes done, bytes in all) after every chunk. Each transfer can override it."""
+        with (bytes done, bytes in all) after every chunk. Each transfer can override it.
+
+        Parallel transfers: an upload or download of at least parallel_min_bytes goes as byte
+        ranges of range_bytes on `connections` connections at once (this client's channel and
+        others opened for transfers on first use); connections=1: one stream, always."""
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
         self.target = s.target
@@ -83,11 +92,16 @@ class Client:
         self.progress = progress
         self._max_message_bytes = max_message_bytes
         self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
-        options = channel_options(max_message_bytes, server_name)
-        if s.tls:
-            self.channel = grpc.secure_channel(s.target, credentials(s), options=options)
-        else:
-            self.channel = grpc.insecure_channel(s.target, options=options)
+        if connections < 1:
+            raise ValueError(f"connections must be >= 1, not {connections}")
+        self.connections = connections
+        self.parallel_min_bytes = parallel_min_bytes
+        self.range_bytes = range_bytes
+        self._settings = s
+        self._options = channel_options(max_message_bytes, server_name)
+        self.channel = self._new_channel(self._options)
+        self._transfer_channels: List[grpc.Channel] = []
+        self._transfer_lock = threading.Lock()
         self._unary = {name: self.channel.unary_unary(SERVICE + name,
                                                       request_serializer=req.SerializeToString,
                                                       response_deserializer=resp.FromString)
@@ -104,6 +118,22 @@ class Client:
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later, self._free_now)
         self._stub: Any = None
+
+    def _new_channel(self, options: List[Tuple[str, Any]]) -> grpc.Channel:
+        if self._settings.tls:
+            return grpc.secure_channel(self._settings.target, credentials(self._settings),
+                                       options=options)
+        return grpc.insecure_channel(self._settings.target, options=options)
+
+    def _channels(self, n: int) -> List[grpc.Channel]:
+        """n channels for a parallel transfer: this client's own, then ones made (once) for
+        transfers, each a connection of its own."""
+        with self._transfer_lock:
+            while len(self._transfer_channels) < n - 1:
+                i = len(self._transfer_channels)
+                self._transfer_channels.append(
+                    self._new_channel(transfer_channel_options(self._options, i)))
+            return [self.channel] + self._transfer_channels[:n - 1]
 
     def close(self) -> None:
         """Frees the tensors of the handles this client still owns, then closes the channel."""
@@ -122,6 +152,8 @@ class Client:
                 pass
         self._freer.closed = True
         self.channel.close()
+        for ch in self._transfer_channels:
+            ch.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -334,7 +366,8 @@ class Client:
     def upload(self, x: TensorLike, *, dtype: DTypeArg = None,
                chunk_bytes: int = DEFAULT_CHUNK_BYTES, timeout: Optional[float] = None,
                progress: Progress = None) -> Handle:
-        """Streams x to the server in chunks; returns a Handle that owns the tensor. A
+        """Streams x to the server in chunks; returns a Handle that owns the tensor. One of at
+        least parallel_min_bytes goes as ranges on several connections (see __init__). A
         SharedTensor is read by the server from its region instead."""
         if isinstance(x, SharedTensor):
             try:
@@ -345,6 +378,11 @@ class Client:
             return Handle(resp.tensor.handle, _freer=self._freer)
         w = to_wire(x, dtype)
         meter = Meter(self.progress if progress is None else progress, w.nbytes, "upload")
+        if self.connections > 1 and w.nbytes >= self.parallel_min_bytes:
+            try:
+                return self._upload_ranged(w, meter, self._deadline(timeout))
+            finally:
+                meter.close()
         try:
             resp = self._upload(upload_messages(w, chunk_bytes, meter),
                                 timeout=self._deadline(timeout),
@@ -369,6 +407,12 @@ class Client:
         """Fetches a held tensor (bfloat16 as the ops return it); it stays on the server.
         chunk_bytes: bytes per message (0: the server's default, which fits gRPC's 4 MiB)."""
         hid = handle_id(handle)
+        if self.connections > 1:  # the size decides: one small call, against a large transfer
+            info = self._stat(hid)
+            if info.size_bytes >= self.parallel_min_bytes:
+                return self._download_ranged(info, self.progress if progress is None
+                                             else progress, self._deadline(timeout),
+                                             chunk_bytes).result(output, bf16_output)
         asm = DownloadAssembly(self.progress if progress is None else progress, "download")
         try:
             for msg in self._download(pb.DownloadRequest(handle=hid, chunk_bytes=chunk_bytes),
@@ -381,6 +425,98 @@ class Client:
             if asm.meter is not None:
                 asm.meter.close()
         return asm.result(output, bf16_output)
+
+    def _stat(self, hid: str) -> pb.TensorInfo:
+        try:
+            r = self._unary["ListTensors"](pb.ListTensorsRequest(handle=hid), timeout=self.timeout,
+                                           metadata=call_metadata(self._metadata, [hid]))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        if len(r.tensors) != 1:
+            raise FuseboxError(grpc.StatusCode.NOT_FOUND, f"no tensor {hid}")
+        info: pb.TensorInfo = r.tensors[0]
+        return info
+
+    def _upload_ranged(self, w: Wire, meter: Meter, timeout: float) -> Handle:
+        """CreateUpload, then one WriteUpload stream per connection taking ranges in turn, then
+        CommitUpload; on any failure the upload is aborted (nothing left behind)."""
+        try:
+            created = self._unary["CreateUpload"](
+                pb.CreateUploadRequest(dtype=w.dtype, shape=list(w.shape)), timeout=timeout,
+                metadata=call_metadata(self._metadata, []))
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        uid = created.upload_id
+        md = call_metadata(self._metadata, [uid])
+        ranges = RangeQueue(w.nbytes, self.range_bytes)
+        channels = self._channels(max(1, min(self.connections, ranges.count())))
+
+        def stream(channel: grpc.Channel) -> None:
+            write = channel.stream_unary(
+                SERVICE + "WriteUpload",
+                request_serializer=pb.WriteUploadRequest.SerializeToString,
+                response_deserializer=pb.WriteUploadResponse.FromString)
+            first = ranges.take()
+            if first is None:  # the other streams took every range: open none
+                return
+            try:
+                write(write_messages(uid, w, ranges, meter, first), timeout=timeout,
+                      metadata=md)
+            except BaseException:
+                ranges.stop()  # the other streams end at their next range
+                raise
+
+        try:
+            with ThreadPoolExecutor(len(channels)) as pool:
+                for f in [pool.submit(stream, ch) for ch in channels]:
+                    f.result()
+            resp = self._unary["CommitUpload"](pb.CommitUploadRequest(upload_id=uid),
+                                               timeout=timeout, metadata=md)
+        except BaseException as e:
+            try:  # the reservation back now, not after the server's idle timeout
+                self._unary["AbortUpload"](pb.AbortUploadRequest(upload_id=uid), timeout=10,
+                                           metadata=md)
+            except grpc.RpcError:
+                pass
+            if isinstance(e, grpc.RpcError):
+                raise rpc_error(e) from None
+            raise
+        return Handle(resp.tensor.handle, _freer=self._freer)
+
+    def _download_ranged(self, info: pb.TensorInfo, progress: Progress, timeout: float,
+                         chunk_bytes: int) -> RangedAssembly:
+        """One ranged Download at a time per connection, each written into place."""
+        asm = RangedAssembly(info, progress, "download")
+        ranges = RangeQueue(int(info.size_bytes), self.range_bytes)
+        channels = self._channels(max(1, min(self.connections, ranges.count())))
+        md = call_metadata(self._metadata, [info.handle])
+
+        def fetch(channel: grpc.Channel) -> None:
+            download = channel.unary_stream(
+                SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
+                response_deserializer=pb.DownloadResponse.FromString)
+            try:
+                while True:
+                    r = ranges.take()
+                    if r is None:
+                        return
+                    asm.put(r[0], r[1], download(
+                        pb.DownloadRequest(handle=info.handle, offset=r[0], length=r[1] - r[0],
+                                           chunk_bytes=chunk_bytes),
+                        timeout=timeout, metadata=md))
+            except BaseException:
+                ranges.stop()
+                raise
+
+        try:
+            with ThreadPoolExecutor(len(channels)) as pool:
+                for f in [pool.submit(fetch, ch) for ch in channels]:
+                    f.result()
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            asm.meter.close()
+        return asm
 
     def free(self, handle: HandleLike) -> int:
         """Frees a held tensor now; returns the bytes freed. A Handle stops owning it."""
