@@ -132,6 +132,9 @@ ABSL_FLAG(int64_t, max_streams_per_connection, kDefaults.max_streams_per_connect
           "client past it waits). With --max_connections it bounds the requests still "
           "arriving, which gRPC holds (about 11 KB each, and their bytes within gRPC's "
           "memory quota) until they are whole");
+ABSL_FLAG(int64_t, stream_max_inflight, kDefaults.stream_max_inflight,
+          "Execute: requests one stream may have read and not yet answered, 1..65536; at "
+          "the bound the server reads no more of that stream until a response has gone");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();
@@ -198,6 +201,7 @@ int main(int argc, char** argv) {
   o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);
   o.arrival_timeout_seconds = absl::GetFlag(FLAGS_arrival_timeout_s);
   o.max_streams_per_connection = absl::GetFlag(FLAGS_max_streams_per_connection);
+  o.stream_max_inflight = absl::GetFlag(FLAGS_stream_max_inflight);
 
   absl::Status checked = fusebox::CheckOptions(o);
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);

@@ -64,6 +64,10 @@ struct ServerOptions {
   // max_connections, the bound on requests still arriving (gRPC holds each, about 11 KB and
   // its bytes so far, until it is whole).
   int64_t max_streams_per_connection = 100;
+  // Execute: requests one stream may have read and not yet answered; at the bound the server
+  // reads no more of that stream until a response has gone (HTTP/2 flow control then holds the
+  // client). Each is also within --inflight_mib like any call.
+  int64_t stream_max_inflight = 64;
 };
 
 // What the automatic per-tenant shares divide by: the tenants (an open server has one), at most
