@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Set, Tuple,
-                    Union, overload)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Set,
+                    Tuple, Union, overload)
 
 import grpc
 
@@ -36,10 +36,11 @@ from fusebox.v1 import kernel_service_pb2 as pb
 
 from ._common import (DEFAULT_CHUNK_BYTES, HEALTH_METHOD, REQUESTS, SERVICE, DownloadAssembly,
                       Freer, FuseboxError, Handle, HandleLike, Meter, Metadata, Pem, Progress,
-                      Request, TensorInfo, Timing, call_metadata, replica_of, channel_options, check_inline,
-                      credentials, handle_id, health_request, health_status, identity,
-                      matmul_request, now, op_result, rpc_error, settings, tensor_info,
-                      unary_request, upload_messages)
+                      Request, StreamCall, StreamResult, TensorInfo, Timing, call_metadata,
+                      replica_of, channel_options, check_inline, credentials, execute_request,
+                      handle_id, health_request, health_status, identity, matmul_request, now,
+                      op_result, rpc_error, settings, stream_result, tensor_info, unary_request,
+                      upload_messages)
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, to_wire
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
@@ -97,6 +98,9 @@ class Client:
             response_deserializer=pb.DownloadResponse.FromString)
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
+        self._execute = self.channel.stream_stream(
+            SERVICE + "Execute", request_serializer=pb.ExecuteRequest.SerializeToString,
+            response_deserializer=pb.ExecuteResponse.FromString)
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later, self._free_now)
@@ -325,6 +329,53 @@ class Client:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
                          return_timing)
+
+    def execute_many(self, calls: Iterable[StreamCall], *, window: int = 64,
+                     output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                     timeout: Optional[float] = None) -> Iterator[StreamResult]:
+        """Runs many op calls over one Execute stream and yields a StreamResult per call as
+        the server answers: in the order the ops finish, not the order given (``index`` says
+        which call). At most ``window`` calls are unanswered at once; the calls are taken from
+        the iterable (and converted) only as the window allows. A failed call yields its error
+        and the stream goes on; a stream that ends early (the server shutting down,
+        UNAUTHENTICATED, ``timeout`` seconds for the whole stream passing; None: no deadline)
+        raises FuseboxError after the answers that came, and the calls without one were not
+        run. Leaving the loop early cancels the stream."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        room = threading.Semaphore(window)
+        sent_at: Dict[int, float] = {}
+        failure: List[BaseException] = []
+        stop = threading.Event()
+
+        def requests() -> Iterator[pb.ExecuteRequest]:
+            try:
+                for index, call in enumerate(calls):
+                    while not room.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    req = execute_request(index, call)
+                    sent_at[index] = now()
+                    yield req
+            except Exception as e:  # gRPC's thread would swallow it: hand it to the caller
+                failure.append(e)
+
+        stream = self._execute(requests(), timeout=timeout, metadata=self._metadata or None)
+        try:
+            for resp in stream:
+                room.release()
+                start = sent_at.pop(resp.id, None)
+                rpc_us = (now() - start) * 1e6 if start is not None else 0.0
+                yield stream_result(resp, rpc_us, self._freer, output, bf16_output)
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            stop.set()
+            stream.cancel()  # a no-op once the stream has ended
+        if failure:
+            raise failure[0]
 
     # --- tensors held by the server --------------------------------------------------------
 
