@@ -9,13 +9,15 @@
 // (through fusebox_client, what users link) against fusebox-rpc-echo (plain gRPC, the same
 // library and build flags) echoing the same number of bytes, unary and over a bidirectional
 // stream. Every caller has a connection of its own (a channel with its own subchannel pool).
-// Per caller count, each round measures the three targets back to back in an order that
+// Per caller count, each round measures the targets back to back in an order that
 // rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
 // is the median ratio over the rounds with a distribution-free 95% interval (order
 // statistics of the rounds; client/cpp/loadgen.h). With --stream_window W > 0 (the default 16)
 // two streaming targets join them: fusebox's GeLU over Execute (an ExecuteStream per caller, W
 // calls in flight) and the echo's stream with the same window (W messages written ahead of the
-// answers read), reported against the echo's stream and against fusebox's unary calls.
+// answers read), reported against the echo's stream and against fusebox's unary calls. With
+// --unix unix:PATH, fusebox's unary GeLU through a second server on that unix socket joins too,
+// reported against the TCP one.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -72,6 +74,8 @@ usage: fusebox-rpc-bench --floor --server HOST:PORT --echo HOST:PORT [options]
                        flight per caller (default 16; 0 leaves both out)
 Prints a Markdown table: each target's medians over the rounds, and fusebox's ratio to
 each echo with its 95% interval (and Execute's to the windowed echo stream and to unary).
+  --unix unix:PATH     also fusebox's unary GeLU through a second fusebox server listening on
+                       that unix socket (the first is --server), against the TCP one
 --server and --echo take any gRPC target: HOST:PORT, or unix:PATH for a unix socket.
 )";
 
@@ -117,6 +121,7 @@ struct FloorOptions {
   int rounds = 10;
   double round_seconds = 0.5, warmup_seconds = 0.1;
   int stream_window = 16;  // 0: no streaming targets
+  std::string unix_target;  // a second fusebox server, on a unix socket; empty: none
 };
 
 // A channel that shares no connection with any other (gRPC reuses a connection among channels
@@ -173,12 +178,27 @@ int RunFloor(const FloorOptions& o) {
     e.streaming = Echo::NewStub(st);
   }
 
-  enum Target { kFusebox, kEchoUnary, kEchoStream, kFuseboxExecute, kEchoWindow, kTargets };
+  enum Target { kFusebox, kEchoUnary, kEchoStream, kFuseboxExecute, kEchoWindow, kFuseboxUnix,
+                kTargets };
   const std::string window = std::to_string(o.stream_window);
   const std::string kNames[kTargets] = {
       "fusebox GeLU (fusebox_client)", "echo unary", "echo stream",
-      "fusebox GeLU over Execute (window " + window + ")", "echo stream (window " + window + ")"};
-  const int targets = o.stream_window > 0 ? kTargets : kFuseboxExecute;
+      "fusebox GeLU over Execute (window " + window + ")", "echo stream (window " + window + ")",
+      "fusebox GeLU over " + o.unix_target};
+  std::vector<Target> active = {kFusebox, kEchoUnary, kEchoStream};
+  if (o.stream_window > 0) active.insert(active.end(), {kFuseboxExecute, kEchoWindow});
+  if (!o.unix_target.empty()) active.push_back(kFuseboxUnix);
+  auto is_active = [&](Target t) { return std::find(active.begin(), active.end(), t) != active.end(); };
+  const int targets = static_cast<int>(active.size());
+  // --unix: a client per caller on the unix socket, as fb on TCP.
+  std::vector<std::unique_ptr<fc::Client>> fb_unix;
+  for (int i = 0; !o.unix_target.empty() && i < most; ++i) {
+    fb_unix.push_back(fc::Client::Create(o.unix_target, copts));
+    if (!fb_unix.back()->WaitForReady(std::chrono::seconds(10))) {
+      std::fprintf(stderr, "fusebox-rpc-bench: cannot connect to %s\n", o.unix_target.c_str());
+      return 1;
+    }
+  }
   std::atomic<bool> failed{false};
   std::string error;
   std::mutex error_mu;
@@ -205,6 +225,10 @@ int RunFloor(const FloorOptions& o) {
           server_us[i][2].push_back(tm.kernel_us);
         }
         return 0;
+      }
+      case kFuseboxUnix: {
+        const absl::Status st = fb_unix[i]->Call(fc::Op::kGelu, {in}, &fb_results[i]);
+        return st.ok() ? 0 : fail("fusebox over unix: " + st.ToString());
       }
       case kEchoUnary: {
         grpc::ClientContext ctx;
@@ -285,7 +309,7 @@ int RunFloor(const FloorOptions& o) {
     first_count = ci == 0;
     for (int r = 0; r < o.rounds; ++r) {
       for (int k = 0; k < targets; ++k) {
-        const Target t = static_cast<Target>((k + r) % targets);
+        const Target t = active[static_cast<size_t>((k + r) % targets)];
         load::Result res =
             t == kFuseboxExecute || t == kEchoWindow
                 ? windowed(t, o.callers[ci])
@@ -321,14 +345,15 @@ int RunFloor(const FloorOptions& o) {
   struct Pair { Target num, den; const char* name; };
   std::vector<Pair> pairs = {{kFusebox, kEchoUnary, "fusebox / echo unary"},
                              {kFusebox, kEchoStream, "fusebox / echo stream"}};
-  if (targets == kTargets) {
+  if (is_active(kFuseboxExecute)) {
     pairs.push_back({kFuseboxExecute, kEchoWindow, "Execute / echo stream (window)"});
     pairs.push_back({kFuseboxExecute, kFusebox, "Execute / fusebox unary"});
   }
+  if (is_active(kFuseboxUnix)) pairs.push_back({kFuseboxUnix, kFusebox, "unix / TCP (fusebox unary)"});
   const std::vector<Target> order = {kEchoUnary, kEchoStream, kFusebox, kEchoWindow,
-                                     kFuseboxExecute};
+                                     kFuseboxExecute, kFuseboxUnix};
   std::printf("| metric |");
-  for (Target t : order) if (t < targets) std::printf(" %s |", kNames[t].c_str());
+  for (Target t : order) if (is_active(t)) std::printf(" %s |", kNames[t].c_str());
   for (const Pair& p : pairs) std::printf(" %s |", p.name);
   std::printf("\n|---|");
   for (size_t i = 0; i < static_cast<size_t>(targets) + pairs.size(); ++i) std::printf("---|");
@@ -336,7 +361,7 @@ int RunFloor(const FloorOptions& o) {
   auto row = [&](const std::string& name, size_t ci, double Stat::*field) {
     std::printf("| %s |", name.c_str());
     for (Target t : order) {
-      if (t >= targets) continue;
+      if (!is_active(t)) continue;
       std::vector<double> v;
       for (const Stat& st : stats[t][ci]) v.push_back(st.*field);
       std::printf(field == &Stat::rate ? " %.0f |" : " %.1f |", median(v));
@@ -365,7 +390,7 @@ int RunFloor(const FloorOptions& o) {
               "(queue_us %.1f, kernel_us %.1f)\n",
               one.c_str(), load::Percentile(phase[0], 0.5), load::Percentile(phase[1], 0.5),
               load::Percentile(phase[2], 0.5));
-  if (targets == kTargets) {
+  if (is_active(kFuseboxExecute)) {
     std::vector<double> total;
     for (const auto& per : execute_us) total.insert(total.end(), per[0].begin(), per[0].end());
     std::printf("fusebox server's own total_us over Execute (window %d) at %s: median %.1f\n",
@@ -411,6 +436,7 @@ int main(int argc, char** argv) {
     else if (a == "--echo") fo.echo = v;
     else if (a == "--floor_bytes") fo.bytes = ParseSize(v);
     else if (a == "--stream_window") fo.stream_window = std::atoi(v.c_str());
+    else if (a == "--unix") fo.unix_target = v;
     else if (a == "--rounds") fo.rounds = std::max(1, std::atoi(v.c_str()));
     else if (a == "--round_seconds") fo.round_seconds = std::atof(v.c_str());
     else if (a == "--floor_callers") {
