@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import (TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, List, Literal, Optional,
-                    Set, Tuple, Union, overload)
+                    Set, Tuple, Union, cast, overload)
 
 import grpc
 import grpc.aio
@@ -316,9 +316,10 @@ class AsyncClient:
                     if failed is not None:
                         read.cancel()
                         raise failed
-                resp = await read
-                if resp is grpc.aio.EOF:
+                got = await read
+                if got is grpc.aio.EOF:
                     break
+                resp = cast(pb.ExecuteResponse, got)
                 room.release()
                 start = sent_at.pop(resp.id, None)
                 rpc_us = (now() - start) * 1e6 if start is not None else 0.0
