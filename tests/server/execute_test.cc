@@ -3,9 +3,15 @@
 // alone, the per-stream bound on requests read, a cancelled stream giving everything back,
 // authentication, kept outputs, and the drain at shutdown. The clients are fusebox_client's
 // ExecuteStream and, for what it cannot send, the generated stub.
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cmath>
+#include <sstream>
 
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +28,7 @@
 #include "server/backends/cpu/cpu_backend.h"
 #include "server/core/tensor_store.h"
 #include "server/rpc/auth.h"
+#include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
 #include "server/server.h"
 
@@ -110,9 +117,10 @@ class HeldCpuBackend final : public Backend {
 
 // A KernelServiceImpl on `backend` served on a loopback port.
 struct Served {
-  Served(Backend* backend, RequestLimits limits, const Authenticator* auth = nullptr)
+  Served(Backend* backend, RequestLimits limits, const Authenticator* auth = nullptr,
+         Metrics* metrics = nullptr)
       : store(backend, StoreLimits{}),
-        service(backend, /*metrics=*/nullptr, &store, auth ? auth : &open, limits) {
+        service(backend, metrics, &store, auth ? auth : &open, limits) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
@@ -420,6 +428,106 @@ TEST(ExecuteTest, ShutdownAnswersWhatTheStreamReadThenEndsItUnavailable) {
   EXPECT_EQ(end.code(), absl::StatusCode::kUnavailable) << end;
   // A stream opened during the drain ends at once (gRPC refuses it, or the service does).
   s->server.reset();
+}
+
+// The body of GET http://127.0.0.1:port/metrics, as service_test.cc reads it.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const timeval wait{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof wait);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+    char buf[65536];
+    for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t body = reply.find("\r\n\r\n");
+  return body == std::string::npos ? "" : reply.substr(body + 4);
+}
+
+// fusebox_calls_total{method, code}; NaN when absent.
+double Calls(const std::string& text, const std::string& method, const std::string& code) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("fusebox_calls_total{", 0) == 0 &&
+        line.find("method=\"" + method + "\"") != std::string::npos &&
+        line.find("code=\"" + code + "\"") != std::string::npos) {
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return NAN;
+}
+
+TEST(ExecuteTest, EachRequestCountsUnderItsOpAndTheStreamUnderExecute) {
+  HeldCpuBackend backend;
+  backend.ReleaseAll(/*open=*/true);
+  auto metrics = Metrics::Start("127.0.0.1:0", &backend);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  Served s(&backend, RequestLimits{}, nullptr, metrics->get());
+  auto stream = fc::Client::Create(s.target)->Execute();
+  const fc::HostTensor x = Floats({8}, 0.0f), bad = Floats({}, 1.0f);
+  ASSERT_TRUE(stream->Submit(1, fc::Op::kGelu, {x}).ok());
+  ASSERT_TRUE(stream->Submit(2, fc::Op::kGelu, {x}).ok());
+  ASSERT_TRUE(stream->Submit(3, fc::Op::kSoftmax, {bad}).ok());  // rank 0: INVALID_ARGUMENT
+  stream->CloseSend();
+  const auto by_id = TakeAll(stream.get());
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(by_id.size(), 3u);
+  std::string text;
+  for (int i = 0; i < 100; ++i) {  // the stream's own record follows its status
+    text = Scrape((*metrics)->port());
+    if (Calls(text, "Execute", "OK") == 1) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(Calls(text, "Gelu", "OK"), 2);
+  EXPECT_EQ(Calls(text, "Softmax", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(Calls(text, "Execute", "OK"), 1);
+}
+
+TEST(ExecuteTest, AnswersTheClientDoesNotTakeEndTheStreamAndReturnTheirBytes) {
+  HeldCpuBackend backend;
+  backend.ReleaseAll(/*open=*/true);
+  RequestLimits limits;
+  limits.max_inflight_bytes = 256 << 20;
+  limits.stall_timeout_seconds = 0.3;  // a 1 MiB answer may wait 0.3 s + 1 s
+  Served s(&backend, limits);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);  // a 64 KiB window: answers wait for our reads
+  args.SetMaxReceiveMessageSize(-1);
+  auto stub = v1::KernelService::NewStub(
+      grpc::CreateCustomChannel(s.target, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto stream = stub->Execute(&ctx);
+  v1::ExecuteRequest req;
+  v1::Tensor* t = req.mutable_gelu()->mutable_input()->mutable_tensor();
+  t->set_dtype(v1::FLOAT32);
+  t->add_shape(1 << 18);
+  t->set_data(std::string(1 << 20, '\0'));
+  for (uint64_t id = 0; id < 4; ++id) {
+    req.set_id(id);
+    ASSERT_TRUE(stream->Write(req));
+  }
+  // Not a single answer is read: the first fills the window, the rest wait behind it.
+  bool cancelled = false;
+  for (int i = 0; i < 300 && !cancelled; ++i) {
+    cancelled = s.service.CancelStalled() > 0;  // the server's sweeper does this
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(cancelled);
+  for (int i = 0; i < 250 && s.service.InflightUsed() > 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(s.service.InflightUsed(), 0);
+  stream->WritesDone();
+  for (v1::ExecuteResponse r; stream->Read(&r);) {
+  }
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 }  // namespace
