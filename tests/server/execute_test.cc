@@ -430,6 +430,28 @@ TEST(ExecuteTest, ShutdownAnswersWhatTheStreamReadThenEndsItUnavailable) {
   s->server.reset();
 }
 
+// The server's own shutdown (SIGTERM's path) drains streams: an idle stream left open ends
+// UNAVAILABLE at once instead of holding the drain for its whole grace.
+TEST(ExecuteTest, ServerShutdownEndsAnIdleOpenStreamWithoutWaitingOutTheDrain) {
+  ServerOptions o;
+  o.address = "127.0.0.1:0";
+  o.backend.kind = "cpu";
+  auto server = FuseboxServer::Start(o);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client = fc::Client::Create("127.0.0.1:" + std::to_string((*server)->port()));
+  auto stream = client->Execute();
+  const fc::HostTensor x = Floats({16}, 0.0f);
+  ASSERT_TRUE(stream->Submit(1, fc::Op::kGelu, {x}).ok());
+  fc::ExecuteResult r;
+  ASSERT_TRUE(stream->Next(&r));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+  const auto start = std::chrono::steady_clock::now();
+  (*server)->Shutdown(/*drain_seconds=*/30);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  EXPECT_FALSE(stream->Next(&r));
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kUnavailable);
+}
+
 // The body of GET http://127.0.0.1:port/metrics, as service_test.cc reads it.
 std::string Scrape(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
