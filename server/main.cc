@@ -146,6 +146,9 @@ ABSL_FLAG(int64_t, max_streams_per_connection, kDefaults.max_streams_per_connect
           "client past it waits). With --max_connections it bounds the requests still "
           "arriving, which gRPC holds (about 11 KB each, and their bytes within gRPC's "
           "memory quota) until they are whole");
+ABSL_FLAG(int64_t, stream_max_inflight, kDefaults.stream_max_inflight,
+          "Execute: requests one stream may have read and not yet answered, 1..65536; at "
+          "the bound the server reads no more of that stream until a response has gone");
 
 int main(int argc, char** argv) {
   fusebox::CatchShutdownSignals();
@@ -217,6 +220,7 @@ int main(int argc, char** argv) {
   o.max_shm_regions_per_tenant = absl::GetFlag(FLAGS_max_shm_regions_per_tenant);
   o.shm_tenant_quota_bytes = bytes(absl::GetFlag(FLAGS_shm_tenant_quota_mib));
   o.shm_idle_expiry_seconds = absl::GetFlag(FLAGS_shm_idle_expiry_s);
+  o.stream_max_inflight = absl::GetFlag(FLAGS_stream_max_inflight);
 
   absl::Status checked = fusebox::CheckOptions(o);
   const std::string impl = absl::GetFlag(FLAGS_matmul_impl);

@@ -53,6 +53,7 @@ absl::Status CheckListenAddress(const std::string& address) {
 constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;
 constexpr int64_t kMaxConnections = int64_t{1} << 20;  // a descriptor each
 constexpr int64_t kMaxStreams = 100000;
+constexpr int64_t kMaxStreamInflight = 65536;  // a stream's unanswered requests
 
 // The TLS files: given in pairs that make sense, and readable now (their contents are
 // server/tls.cc's to check). A file that cannot be read would otherwise show only as
@@ -166,6 +167,9 @@ absl::Status CheckOptions(const ServerOptions& o) {
   }
   if (o.max_streams_per_connection < 1 || o.max_streams_per_connection > kMaxStreams) {
     return bad(absl::StrCat("--max_streams_per_connection must be in 1..", kMaxStreams));
+  }
+  if (o.stream_max_inflight < 1 || o.stream_max_inflight > kMaxStreamInflight) {
+    return bad(absl::StrCat("--stream_max_inflight must be in 1..", kMaxStreamInflight));
   }
   if (!(o.idle_expiry_seconds >= 0 && o.idle_expiry_seconds <= 315360000)) {  // NaN too
     return bad("--idle_expiry_s must be in 0..315360000 (ten years; 0 = never)");

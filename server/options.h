@@ -75,6 +75,10 @@ struct ServerOptions {
   int64_t max_shm_regions_per_tenant = SharedMemoryLimits{}.max_regions_per_tenant;
   int64_t shm_tenant_quota_bytes = 0;
   double shm_idle_expiry_seconds = SharedMemoryLimits{}.idle_expiry_seconds;  // 0 = never
+  // Execute: requests one stream may have read and not yet answered; at the bound the server
+  // reads no more of that stream until a response has gone (HTTP/2 flow control then holds the
+  // client). Each is also within --inflight_mib like any call.
+  int64_t stream_max_inflight = 64;
 };
 
 // What the automatic per-tenant shares divide by: the tenants (an open server has one), at most

@@ -381,6 +381,7 @@ absl::StatusOr<std::unique_ptr<FuseboxServer>> FuseboxServer::Start(const Server
           : request_limits.max_inflight_bytes / FairShareDivisor(tenants);
   request_limits.stall_timeout_seconds = o.stall_timeout_seconds;
   request_limits.max_message_bytes = o.max_message_bytes;
+  request_limits.stream_max_inflight = static_cast<int>(o.stream_max_inflight);
   // gRPC's own buffers (requests still arriving, replies on their way): as much as the
   // in-flight budget, and at least two of the largest messages (one call alone never meets it).
   const int64_t grpc_quota_bytes =
@@ -526,6 +527,7 @@ void FuseboxServer::Shutdown(double drain_seconds, double notice_seconds) {
         std::this_thread::sleep_for(kCloserPeriod);
       }
     });
+    s_->service->Drain();  // Execute streams stop reading and end once they have answered
     s_->server->Shutdown(deadline);  // returns once every call has finished or been cancelled
     drained = true;
     closer.join();

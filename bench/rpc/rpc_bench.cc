@@ -9,7 +9,7 @@
 // (through fusebox_client, what users link) against fusebox-rpc-echo (plain gRPC, the same
 // library and build flags) echoing the same number of bytes, unary and over a bidirectional
 // stream. Every caller has a connection of its own (a channel with its own subchannel pool).
-// Per caller count, each round measures the three targets back to back in an order that
+// Per caller count, each round measures the targets back to back in an order that
 // rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
 // is the median ratio over the rounds with a distribution-free 95% interval (order
 // statistics of the rounds; client/cpp/loadgen.h).
@@ -20,6 +20,13 @@
 // Source moving the same bytes as N parallel streams of 4 MiB messages on N connections. Every
 // round measures every target back to back; the report is each target's median GB/s over the
 // rounds and fusebox's ratio to the echo with the same N.
+//
+// In --floor mode, with --stream_window W > 0 (the default 16), two streaming targets join the
+// floor's: fusebox's GeLU over Execute (an ExecuteStream per caller, W
+// calls in flight) and the echo's stream with the same window (W messages written ahead of the
+// answers read), reported against the echo's stream and against fusebox's unary calls. With
+// --unix unix:PATH, fusebox's unary GeLU through a second server on that unix socket joins too,
+// reported against the TCP one.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -72,8 +79,14 @@ usage: fusebox-rpc-bench --floor --server HOST:PORT --echo HOST:PORT [options]
   --rounds N           rounds (default 10; 6 or more for a 95% interval)
   --round_seconds S    measured seconds per target, caller count and round (default 0.5)
   --warmup_seconds S   before each of those (default 0.1 here)
+  --stream_window W    also fusebox's Execute stream and the echo's stream with W calls in
+                       flight per caller (default 16; 0 leaves both out)
 Prints a Markdown table: each target's medians over the rounds, and fusebox's ratio to
-each echo with its 95% interval.
+each echo with its 95% interval (and Execute's to the windowed echo stream and to unary).
+  --unix unix:PATH     also fusebox's unary GeLU through a second fusebox server listening on
+                       that unix socket (the first is --server), against the TCP one
+--server and --echo take any gRPC target: HOST:PORT, or unix:PATH for a unix socket.
+
 
 usage: fusebox-rpc-bench --transfer --server HOST:PORT --echo HOST:PORT [options]
   fusebox's Upload and Download of one tensor against the echo's Sink and Source
@@ -126,6 +139,8 @@ struct FloorOptions {
   std::vector<int> callers = {1, 8, 16, 64};
   int rounds = 10;
   double round_seconds = 0.5, warmup_seconds = 0.1;
+  int stream_window = 16;  // 0: no streaming targets
+  std::string unix_target;  // a second fusebox server, on a unix socket; empty: none
 };
 
 // A channel that shares no connection with any other (gRPC reuses a connection among channels
@@ -182,8 +197,27 @@ int RunFloor(const FloorOptions& o) {
     e.streaming = Echo::NewStub(st);
   }
 
-  enum Target { kFusebox, kEchoUnary, kEchoStream, kTargets };
-  const char* kNames[kTargets] = {"fusebox GeLU (fusebox_client)", "echo unary", "echo stream"};
+  enum Target { kFusebox, kEchoUnary, kEchoStream, kFuseboxExecute, kEchoWindow, kFuseboxUnix,
+                kTargets };
+  const std::string window = std::to_string(o.stream_window);
+  const std::string kNames[kTargets] = {
+      "fusebox GeLU (fusebox_client)", "echo unary", "echo stream",
+      "fusebox GeLU over Execute (window " + window + ")", "echo stream (window " + window + ")",
+      "fusebox GeLU over " + o.unix_target};
+  std::vector<Target> active = {kFusebox, kEchoUnary, kEchoStream};
+  if (o.stream_window > 0) active.insert(active.end(), {kFuseboxExecute, kEchoWindow});
+  if (!o.unix_target.empty()) active.push_back(kFuseboxUnix);
+  auto is_active = [&](Target t) { return std::find(active.begin(), active.end(), t) != active.end(); };
+  const int targets = static_cast<int>(active.size());
+  // --unix: a client per caller on the unix socket, as fb on TCP.
+  std::vector<std::unique_ptr<fc::Client>> fb_unix;
+  for (int i = 0; !o.unix_target.empty() && i < most; ++i) {
+    fb_unix.push_back(fc::Client::Create(o.unix_target, copts));
+    if (!fb_unix.back()->WaitForReady(std::chrono::seconds(10))) {
+      std::fprintf(stderr, "fusebox-rpc-bench: cannot connect to %s\n", o.unix_target.c_str());
+      return 1;
+    }
+  }
   std::atomic<bool> failed{false};
   std::string error;
   std::mutex error_mu;
@@ -195,6 +229,7 @@ int RunFloor(const FloorOptions& o) {
   // The server's own Timing at the first caller count (per caller: total, queue, kernel), to
   // tell the server's part of fusebox's round trip from the RPC path's.
   std::vector<std::array<std::vector<double>, 3>> server_us(static_cast<size_t>(most));
+  std::vector<std::array<std::vector<double>, 1>> execute_us(static_cast<size_t>(most));
   bool first_count = true;
   auto call = [&](Target t, int c, bool measured) -> int {
     const size_t i = static_cast<size_t>(c);
@@ -209,6 +244,10 @@ int RunFloor(const FloorOptions& o) {
           server_us[i][2].push_back(tm.kernel_us);
         }
         return 0;
+      }
+      case kFuseboxUnix: {
+        const absl::Status st = fb_unix[i]->Call(fc::Op::kGelu, {in}, &fb_results[i]);
+        return st.ok() ? 0 : fail("fusebox over unix: " + st.ToString());
       }
       case kEchoUnary: {
         grpc::ClientContext ctx;
@@ -234,13 +273,67 @@ int RunFloor(const FloorOptions& o) {
   // Caller counts in the order given, all rounds of one before the next: a server's latency at
   // one caller is higher for a while after a burst of many (fusebox's is), and the first count
   // is the latency measurement, so no round of it follows a larger count.
+  // The windowed targets: a stream per caller for one round, W calls in flight on it.
+  auto windowed = [&](Target t, int callers) {
+    std::vector<std::unique_ptr<fc::ExecuteStream>> fs;
+    std::vector<std::unique_ptr<grpc::ClientContext>> ectx;
+    std::vector<std::unique_ptr<grpc::ClientReaderWriter<Blob, Blob>>> es;
+    std::vector<uint64_t> taken(static_cast<size_t>(callers), 0);
+    std::vector<fc::ExecuteResult> answers(static_cast<size_t>(callers));
+    std::vector<Blob> replies(static_cast<size_t>(callers));
+    for (int c = 0; c < callers; ++c) {
+      if (t == kFuseboxExecute) {
+        fs.push_back(fb[static_cast<size_t>(c)]->Execute(o.stream_window));
+      } else {
+        ectx.push_back(std::make_unique<grpc::ClientContext>());
+        es.push_back(echo[static_cast<size_t>(c)].streaming->Stream(ectx.back().get()));
+      }
+    }
+    auto send = [&](int c, uint64_t seq, bool) -> int {
+      const size_t i = static_cast<size_t>(c);
+      if (t == kFuseboxExecute) return static_cast<int>(fs[i]->Submit(seq, fc::Op::kGelu, {in}).code());
+      return es[i]->Write(request) ? 0 : 14;
+    };
+    auto take = [&](int c, bool measured, uint64_t* seq) -> int {
+      const size_t i = static_cast<size_t>(c);
+      if (t == kEchoWindow) {  // the echo answers in order
+        if (!es[i]->Read(&replies[i])) return -1;
+        *seq = taken[i]++;
+        return 0;
+      }
+      if (!fs[i]->Next(&answers[i])) return -1;
+      *seq = answers[i].id;
+      if (!answers[i].status.ok()) {
+        fail("fusebox Execute: " + answers[i].status.ToString());
+        return static_cast<int>(answers[i].status.code());
+      }
+      if (measured && first_count) {
+        const fc::Timing& tm = answers[i].result.timing;
+        execute_us[i][0].push_back(tm.total_us);
+      }
+      return 0;
+    };
+    load::Result res =
+        load::StreamLoop(callers, o.stream_window, o.warmup_seconds, o.round_seconds, send, take);
+    for (auto& f : fs) {
+      if (absl::Status st = f->Finish(); !st.ok()) fail("fusebox Execute ended: " + st.ToString());
+    }
+    for (auto& e : es) {
+      e->WritesDone();
+      if (grpc::Status st = e->Finish(); !st.ok()) fail("echo stream ended: " + st.error_message());
+    }
+    return res;
+  };
   for (size_t ci = 0; ci < o.callers.size(); ++ci) {
     first_count = ci == 0;
     for (int r = 0; r < o.rounds; ++r) {
-      for (int k = 0; k < kTargets; ++k) {
-        const Target t = static_cast<Target>((k + r) % kTargets);
-        load::Result res = load::ClosedLoop(o.callers[ci], o.warmup_seconds, o.round_seconds,
-                                            [&](int c, bool measured) { return call(t, c, measured); });
+      for (int k = 0; k < targets; ++k) {
+        const Target t = active[static_cast<size_t>((k + r) % targets)];
+        load::Result res =
+            t == kFuseboxExecute || t == kEchoWindow
+                ? windowed(t, o.callers[ci])
+                : load::ClosedLoop(o.callers[ci], o.warmup_seconds, o.round_seconds,
+                                   [&](int c, bool measured) { return call(t, c, measured); });
         if (failed) {
           std::fprintf(stderr, "fusebox-rpc-bench: call failed: %s\n", error.c_str());
           return 1;
@@ -267,29 +360,39 @@ int RunFloor(const FloorOptions& o) {
     else std::snprintf(buf, sizeof buf, "%.2f [too few rounds]", m.median);
     return std::string(buf);
   };
-  std::printf("| metric | %s | %s | %s | fusebox / echo unary | fusebox / echo stream |\n",
-              kNames[kEchoUnary], kNames[kEchoStream], kNames[kFusebox]);
-  std::printf("|---|---|---|---|---|---|\n");
+  // Columns: each target's median, then the ratios of the pairs below.
+  struct Pair { Target num, den; const char* name; };
+  std::vector<Pair> pairs = {{kFusebox, kEchoUnary, "fusebox / echo unary"},
+                             {kFusebox, kEchoStream, "fusebox / echo stream"}};
+  if (is_active(kFuseboxExecute)) {
+    pairs.push_back({kFuseboxExecute, kEchoWindow, "Execute / echo stream (window)"});
+    pairs.push_back({kFuseboxExecute, kFusebox, "Execute / fusebox unary"});
+  }
+  if (is_active(kFuseboxUnix)) pairs.push_back({kFuseboxUnix, kFusebox, "unix / TCP (fusebox unary)"});
+  const std::vector<Target> order = {kEchoUnary, kEchoStream, kFusebox, kEchoWindow,
+                                     kFuseboxExecute, kFuseboxUnix};
+  std::printf("| metric |");
+  for (Target t : order) if (is_active(t)) std::printf(" %s |", kNames[t].c_str());
+  for (const Pair& p : pairs) std::printf(" %s |", p.name);
+  std::printf("\n|---|");
+  for (size_t i = 0; i < static_cast<size_t>(targets) + pairs.size(); ++i) std::printf("---|");
+  std::printf("\n");
   auto row = [&](const std::string& name, size_t ci, double Stat::*field) {
-    std::vector<double> med(kTargets);
-    for (int t = 0; t < kTargets; ++t) {
+    std::printf("| %s |", name.c_str());
+    for (Target t : order) {
+      if (!is_active(t)) continue;
       std::vector<double> v;
       for (const Stat& st : stats[t][ci]) v.push_back(st.*field);
-      med[t] = median(v);
+      std::printf(field == &Stat::rate ? " %.0f |" : " %.1f |", median(v));
     }
-    std::string cells[2];
-    for (int e = 0; e < 2; ++e) {
-      const Target other = e == 0 ? kEchoUnary : kEchoStream;
+    for (const Pair& p : pairs) {
       std::vector<double> ratios;
-      for (size_t r = 0; r < stats[kFusebox][ci].size(); ++r) {
-        ratios.push_back(stats[kFusebox][ci][r].*field / stats[other][ci][r].*field);
+      for (size_t r = 0; r < stats[p.num][ci].size(); ++r) {
+        ratios.push_back(stats[p.num][ci][r].*field / stats[p.den][ci][r].*field);
       }
-      cells[e] = ratio_cell(ratios);
+      std::printf(" %s |", ratio_cell(ratios).c_str());
     }
-    const char* fmt = field == &Stat::rate ? "| %s | %.0f | %.0f | %.0f | %s | %s |\n"
-                                           : "| %s | %.1f | %.1f | %.1f | %s | %s |\n";
-    std::printf(fmt, name.c_str(), med[kEchoUnary], med[kEchoStream], med[kFusebox],
-                cells[0].c_str(), cells[1].c_str());
+    std::printf("\n");
   };
   const std::string one = std::to_string(o.callers[0]) + (o.callers[0] == 1 ? " caller" : " callers");
   row("p50 us, " + one, 0, &Stat::p50);
@@ -306,6 +409,12 @@ int RunFloor(const FloorOptions& o) {
               "(queue_us %.1f, kernel_us %.1f)\n",
               one.c_str(), load::Percentile(phase[0], 0.5), load::Percentile(phase[1], 0.5),
               load::Percentile(phase[2], 0.5));
+  if (is_active(kFuseboxExecute)) {
+    std::vector<double> total;
+    for (const auto& per : execute_us) total.insert(total.end(), per[0].begin(), per[0].end());
+    std::printf("fusebox server's own total_us over Execute (window %d) at %s: median %.1f\n",
+                o.stream_window, one.c_str(), load::Percentile(total, 0.5));
+  }
   return 0;
 }
 
@@ -473,6 +582,8 @@ int main(int argc, char** argv) {
       if (to.connections.empty()) { std::fprintf(stderr, "bad --connections\n"); return 2; }
     }
     else if (a == "--floor_bytes") fo.bytes = ParseSize(v);
+    else if (a == "--stream_window") fo.stream_window = std::atoi(v.c_str());
+    else if (a == "--unix") fo.unix_target = v;
     else if (a == "--rounds") fo.rounds = to.rounds = std::max(1, std::atoi(v.c_str()));
     else if (a == "--round_seconds") fo.round_seconds = std::atof(v.c_str());
     else if (a == "--floor_callers") {

@@ -16,7 +16,8 @@
 #        BACKEND=cpu|cuda|auto (default cpu), WORKERS (server --workers), OUT (results path),
 #        BENCH_ARGS (extra fusebox-rpc-bench flags), NO_BUILD=1 (skip cmake --build),
 #        SERVER_BIN / BENCH_BIN (prebuilt binaries, e.g. from a device bundle; implies NO_BUILD),
-#        SERVER_ARGS (extra server flags), NOTE (a line added to the results header)
+#        SERVER_ARGS (extra server flags), NOTE (a line added to the results header),
+#        UNIX=1 (floor: also a second server on a unix socket, measured beside TCP)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -69,6 +70,14 @@ if [[ "$mode" == floor ]]; then
   start echo "$echo_bin" --address=127.0.0.1:0
   echo_port=$port
   b+=(--floor --echo "127.0.0.1:$echo_port")
+  if [[ -n "${UNIX:-}" ]]; then  # the same server binary and flags, on a unix socket
+    sock="$tmp/fusebox.sock"
+    "$server_bin" "${server_args[@]}" --address="unix:$sock" >"$tmp/unix.log" 2>"$tmp/unix.err" &
+    pids+=($!)
+    for _ in $(seq 1 300); do grep -q "listening on unix:" "$tmp/unix.log" && break; sleep 0.1; done
+    grep -q "listening on unix:" "$tmp/unix.log" || { cat "$tmp/unix.err" >&2; echo "unix server did not start" >&2; exit 1; }
+    b+=(--unix "unix:$sock")
+  fi
   table=$("${b[@]}")
 elif [[ "$mode" == transfer ]]; then
   start echo "$echo_bin" --address=127.0.0.1:0
@@ -119,16 +128,19 @@ elif [[ "$mode" == floor ]]; then
   echo "- machine: $(uname -srm); $cpu; \`nproc\` $(nproc); $mem"
   echo "- load average (1, 5, 15 min): $load_before before, $load_after after"
   [[ -n "${NOTE:-}" ]] && echo "- note: $NOTE"
-  echo "- command: \`MODE=floor${BENCH_ARGS:+ BENCH_ARGS=\"$BENCH_ARGS\"}${OUT:+ OUT=$OUT} bench/rpc/run_bench.sh $build\`"
+  echo "- command: \`MODE=floor${UNIX:+ UNIX=$UNIX}${BENCH_ARGS:+ BENCH_ARGS=\"$BENCH_ARGS\"}${OUT:+ OUT=$OUT} bench/rpc/run_bench.sh $build\`"
   echo "- fusebox: \`$server_banner\` (flags: ${server_args[*]})"
   echo "- echo: fusebox-rpc-echo (callback server, same gRPC and build flags), 127.0.0.1 loopback"
   echo "- client: \`${b[*]}\` (C++ sync calls; a connection of its own per caller;"
   echo "  fusebox through fusebox_client, the echo through generated sync stubs)"
-  echo "- per caller count (all rounds of one before the next), each round runs the three"
+  echo "- per caller count (all rounds of one before the next), each round runs the"
   echo "  targets back to back (order rotating by round); the target columns are medians over"
   echo "  rounds; a ratio is fusebox / echo per"
   echo "  round, its median over rounds and a distribution-free 95% interval (order statistics)."
   echo "  Latency ratio > 1: fusebox slower; calls/s ratio < 1: fusebox serves fewer."
+  echo "  Execute: an Execute stream per caller with a window of calls in flight (send while"
+  echo "  fewer are out, else take an answer); its latency runs from a call's send to its answer,"
+  echo "  so it includes the wait behind the window. The windowed echo stream writes as far ahead."
   echo
   echo "$table"
 } >"$out"

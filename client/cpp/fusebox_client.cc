@@ -316,12 +316,9 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
 }
 
 // Every op response: { TensorRef output = 1; Timing timing = 2; }, with
-// TensorRef { oneof { Tensor tensor = 1; string handle = 2; } }.
-absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
-  std::vector<grpc::Slice> slices;
-  if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
-  SliceReader r(slices);
-  const size_t total = r.total();
+// TensorRef { oneof { Tensor tensor = 1; string handle = 2; } }: its fields from r's position to
+// `end` (a whole response, or one inside an ExecuteResponse).
+absl::Status ParseOpResponse(SliceReader& r, size_t end, OpResult* result) {
   HostTensor& out = result->output;
   out.dtype = static_cast<DType>(0);
   out.shape.clear();
@@ -331,14 +328,14 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
   result->timing = Timing();
   bool has_tensor = false;
   auto bad = [] { return absl::InternalError("cannot parse the server's response"); };
-  while (r.pos() < total) {
+  while (r.pos() < end) {
     uint64_t key, len;
     if (!r.Varint(&key)) return bad();
     const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
     if (field == 1 && wire == 2) {
       if (!r.Length(&len)) return bad();
-      const size_t end = r.pos() + len;
-      while (r.pos() < end) {
+      const size_t ref_end = r.pos() + len;
+      while (r.pos() < ref_end) {
         uint64_t k2, l2;
         if (!r.Varint(&k2)) return bad();
         if (k2 == ((1 << 3) | 2)) {
@@ -377,10 +374,66 @@ absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
       return bad();
     }
   }
+  if (r.pos() != end) return bad();
   if (!has_tensor && result->handle.empty() && !result->shared) {
     return absl::InternalError("server response has no output tensor");
   }
   return has_tensor || result->shared ? CheckServerDType(out.dtype) : absl::OkStatus();
+}
+
+absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
+  SliceReader r(slices);
+  return ParseOpResponse(r, r.total(), result);
+}
+
+// ExecuteResponse { uint64 id = 1; oneof { the four op responses = 2..5; Status error = 6; } },
+// Status { int32 code = 1; string message = 2; }.
+absl::Status ParseExecuteResponse(const grpc::ByteBuffer& bb, ExecuteResult* out) {
+  std::vector<grpc::Slice> slices;
+  if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
+  SliceReader r(slices);
+  auto bad = [] { return absl::InternalError("cannot parse the server's Execute response"); };
+  out->id = 0;
+  out->status = absl::InternalError("the server's Execute response has no result");
+  while (r.pos() < r.total()) {
+    uint64_t key, v;
+    if (!r.Varint(&key)) return bad();
+    const int field = static_cast<int>(key >> 3), wire = static_cast<int>(key & 7);
+    if (field == 1 && wire == 0) {
+      if (!r.Varint(&out->id)) return bad();
+    } else if (field >= 2 && field <= 5 && wire == 2) {
+      if (!r.Length(&v)) return bad();
+      out->status = ParseOpResponse(r, r.pos() + v, &out->result);
+    } else if (field == 6 && wire == 2) {
+      if (!r.Length(&v)) return bad();
+      const size_t end = r.pos() + v;
+      uint64_t code = static_cast<uint64_t>(absl::StatusCode::kUnknown);
+      std::string message;
+      while (r.pos() < end) {
+        uint64_t k2;
+        if (!r.Varint(&k2)) return bad();
+        if (k2 == ((1 << 3) | 0)) {
+          if (!r.Varint(&code)) return bad();
+        } else if (k2 == ((2 << 3) | 2)) {
+          uint64_t n;
+          message.clear();
+          if (!r.Length(&n) || !r.Take(n, &message)) return bad();
+        } else if (!r.Skip(static_cast<int>(k2 & 7))) {
+          return bad();
+        }
+      }
+      // A code outside gRPC's is UNKNOWN, and an error is never OK.
+      const int c = static_cast<int>(static_cast<uint32_t>(code));
+      out->status = absl::Status(
+          c > 0 && c <= 16 ? static_cast<absl::StatusCode>(c) : absl::StatusCode::kUnknown,
+          message);
+    } else if (!r.Skip(wire)) {
+      return bad();
+    }
+  }
+  return absl::OkStatus();
 }
 
 // HealthCheckResponse { ServingStatus status = 1; }: reads field 1, skips others.
@@ -1241,6 +1294,121 @@ absl::StatusOr<int64_t> Router::FreeTensor(const std::string& handle) {
   absl::StatusOr<Client*> c = For(handle);
   if (!c.ok()) return c.status();
   return (*c)->FreeTensor(handle);
+}
+
+// ExecuteStream (see the header).
+ExecuteStream::ExecuteStream(std::unique_ptr<grpc::ClientContext> ctx,
+                             std::shared_ptr<grpc::Channel> channel, int window)
+    : ctx_(std::move(ctx)), window_(std::max(1, window)) {
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+      channel.get(),
+      grpc::internal::RpcMethod("/fusebox.v1.KernelService/Execute",
+                                grpc::internal::RpcMethod::BIDI_STREAMING),
+      ctx_.get()));
+}
+
+ExecuteStream::~ExecuteStream() {
+  if (!finished_) {
+    ctx_->TryCancel();
+    grpc::ByteBuffer ignored;
+    while (stream_->Read(&ignored)) {
+    }
+    (void)stream_->Finish();
+  }
+}
+
+absl::Status ExecuteStream::Submit(uint64_t id, Op op, const std::vector<Arg>& inputs,
+                                   const CallOptions& opts) {
+  const bool matmul = op == Op::kMatmulRelu;
+  const int count = static_cast<int>(inputs.size());
+  if (count != (matmul ? 2 : 1) && !(matmul && count == 3)) {
+    return absl::InvalidArgumentError(matmul ? "matmul_relu takes a, b and an optional bias"
+                                             : "this op takes one input");
+  }
+  // ExecuteRequest { uint64 id = 1; oneof op { gelu = 2; softmax = 3; row_sum = 4;
+  // matmul_relu = 5; } }: the op request encoded as for a unary call, its bytes copied so that
+  // the caller's tensors may go as soon as Submit returns.
+  const grpc::ByteBuffer op_request = Encode(matmul, inputs, opts, nullptr);
+  std::vector<grpc::Slice> parts;
+  if (!op_request.Dump(&parts).ok()) return absl::InternalError("cannot encode the request");
+  std::string head;
+  head.push_back(0x08);
+  PutVarint(&head, id);
+  head.push_back(static_cast<char>(((static_cast<int>(op) + 2) << 3) | 2));
+  PutVarint(&head, op_request.Length());
+  std::vector<grpc::Slice> slices;
+  slices.reserve(parts.size() + 1);
+  slices.emplace_back(head);
+  for (const grpc::Slice& p : parts) slices.emplace_back(p.begin(), p.size());  // copies
+  grpc::ByteBuffer request(slices.data(), slices.size());
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return absl::FailedPreconditionError("the stream was closed for sending");
+    cv_.wait(lock, [this] { return unanswered_ < window_ || ended_; });
+    if (ended_) return absl::UnavailableError("the stream has ended; Finish says why");
+    ++unanswered_;
+  }
+  if (!stream_->Write(request)) {
+    return absl::UnavailableError("the stream has ended; Finish says why");
+  }
+  return absl::OkStatus();
+}
+
+bool ExecuteStream::Next(ExecuteResult* out) {
+  grpc::ByteBuffer response;
+  if (!stream_->Read(&response)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    cv_.notify_all();
+    return false;
+  }
+  const absl::Status parsed = ParseExecuteResponse(response, out);
+  if (!parsed.ok()) out->status = parsed;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (unanswered_ > 0) --unanswered_;
+  cv_.notify_all();
+  return true;
+}
+
+void ExecuteStream::CloseSend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  stream_->WritesDone();
+}
+
+absl::Status ExecuteStream::Finish() {
+  if (finished_) return status_;
+  CloseSend();
+  grpc::ByteBuffer ignored;
+  while (stream_->Read(&ignored)) {  // answers nobody took: the caller has given up on them
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+    cv_.notify_all();
+  }
+  status_ = FromGrpc(stream_->Finish());
+  finished_ = true;
+  return status_;
+}
+
+int ExecuteStream::unanswered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unanswered_;
+}
+
+std::unique_ptr<ExecuteStream> Client::Execute(int window, std::chrono::milliseconds timeout) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  if (timeout.count() > 0) ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!options_.auth_token.empty()) ctx->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  return std::unique_ptr<ExecuteStream>(new ExecuteStream(std::move(ctx), channel_, window));
+}
+
+absl::Status ParseExecuteResponseForTest(const grpc::ByteBuffer& response, ExecuteResult* out) {
+  return ParseExecuteResponse(response, out);
 }
 
 }  // namespace fusebox::client

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -26,6 +27,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/support/sync_stream.h>
 
 #include "absl/status/status.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
@@ -212,6 +214,59 @@ struct TlsOptions {
 absl::Status LoadTlsFiles(const std::string& ca_file, const std::string& cert_file,
                           const std::string& key_file, TlsOptions* tls);
 
+// One answer of an ExecuteStream.
+struct ExecuteResult {
+  uint64_t id = 0;      // the request's id
+  absl::Status status;  // that request's own outcome; OK: `result` holds its output
+  OpResult result;      // result.timing.rpc_us is not measured here (the caller knows when it sent)
+};
+
+// The Execute RPC: many op calls on one stream, each with an id the caller chooses; answers come
+// back in the order the server finishes them. A request that fails gets its own error
+// (ExecuteResult::status) and the stream goes on. At most `window` requests are unanswered at
+// once: Submit blocks until an answer has been taken (Next) below that. One thread may Submit
+// while another takes answers; a single thread must call Next before Submit when unanswered()
+// == window(). Made by Client::Execute; deleting an unfinished stream cancels it.
+class ExecuteStream {
+ public:
+  ~ExecuteStream();
+  ExecuteStream(const ExecuteStream&) = delete;
+  ExecuteStream& operator=(const ExecuteStream&) = delete;
+
+  // Sends one op request (inputs as for Client::Call; they are copied: they may go as soon as
+  // this returns; opts.timeout is not used, the stream has one deadline). Not OK when the
+  // stream has ended (Finish says why) or was closed for sending.
+  absl::Status Submit(uint64_t id, Op op, const std::vector<Arg>& inputs,
+                      const CallOptions& opts = {});
+  // The next answer; false once the stream has ended (then Finish).
+  bool Next(ExecuteResult* out);
+  // No more requests: the server ends the stream once it has answered every one.
+  void CloseSend();
+  // Closes for sending, drops answers not taken, and returns the stream's status: OK when the
+  // server answered every request; UNAVAILABLE when it shut down (requests without an answer
+  // were not run and may be sent again); UNAUTHENTICATED, CANCELLED, DEADLINE_EXCEEDED...
+  absl::Status Finish();
+
+  int window() const { return window_; }
+  int unanswered() const;  // submitted, answer not yet taken
+
+ private:
+  friend class Client;
+  ExecuteStream(std::unique_ptr<grpc::ClientContext> ctx, std::shared_ptr<grpc::Channel> channel,
+                int window);
+
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream_;
+  const int window_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int unanswered_ = 0;   // guarded by mu_
+  bool closed_ = false;  // guarded by mu_: CloseSend was called
+  bool ended_ = false;   // guarded by mu_: the stream has no more answers
+  bool finished_ = false;
+  absl::Status status_;
+};
+
 class Client {
  public:
   struct Options {
@@ -299,6 +354,11 @@ class Client {
   absl::Status UnregisterSharedMemory(const std::string& name);
   absl::StatusOr<SharedMemoryList> ListSharedMemory();
 
+  // Opens an Execute stream with at most `window` requests unanswered (see ExecuteStream);
+  // `timeout` > 0 is a deadline for the whole stream (default none).
+  std::unique_ptr<ExecuteStream> Execute(int window = 64,
+                                         std::chrono::milliseconds timeout = {});
+
   // grpc.health.v1.Health/Check; service "" = the whole server.
   absl::StatusOr<HealthStatus> Health(const std::string& service = "",
                                       std::chrono::milliseconds timeout =
@@ -337,6 +397,8 @@ bool ParseDType(const std::string& name, DType* out);
 
 // Parses an op response (any of the four) the way the client does (for the tests).
 absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
+// Parses an ExecuteResponse the way ExecuteStream::Next does (for the tests).
+absl::Status ParseExecuteResponseForTest(const grpc::ByteBuffer& response, ExecuteResult* out);
 // Parses a grpc.health.v1 HealthCheckResponse the way Health() does (for the tests).
 absl::StatusOr<HealthStatus> ParseHealthForTest(const grpc::ByteBuffer& response);
 

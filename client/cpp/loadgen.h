@@ -1,5 +1,6 @@
 // Load generation shared by fusebox-perf and the benchmarks: closed loop (N callers, each
-// calling again as soon as its call returns) and open loop (calls sent at a fixed rate by a
+// calling again as soon as its call returns), streaming closed loop (N streams, each keeping a
+// window of calls in flight) and open loop (calls sent at a fixed rate by a
 // pool of callers, each call's latency counted from its intended send time, so a server that
 // falls behind shows its queueing in the latency instead of lowering the offered rate), and the
 // percentile and interval statistics their reports use.
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace fusebox::client::load {
@@ -57,6 +59,78 @@ Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
           } else {
             ++errors[code];
           }
+        }
+        if (!measured) return;
+        std::lock_guard<std::mutex> lock(mu);
+        result.latency_us.insert(result.latency_us.end(), mine.begin(), mine.end());
+        for (auto [code, k] : errors) result.errors[code] += k;
+        result.calls += n;
+      });
+    }
+    for (auto& t : threads) t.join();
+    if (measured) result.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  if (warmup_s > 0) phase(false, warmup_s);
+  phase(true, duration_s);
+  return result;
+}
+
+// Streaming closed loop: `callers` threads, each driving a stream of its own with up to `window`
+// calls unanswered: it sends while fewer are out, else takes the next answer. send(c, seq,
+// measured) sends caller c's call number `seq` and returns 0, or a gRPC code when the stream is
+// broken; take(c, measured, &seq) takes caller c's next answer, sets the number of the call it
+// answers and returns its gRPC code (0 = OK), or -1 when the stream has ended. A call's latency
+// runs from its send to its answer. Each phase ends by taking every answer still out (those
+// calls count in it), so the next phase starts with an empty window.
+template <typename Send, typename Take>
+Result StreamLoop(int callers, int window, double warmup_s, double duration_s, Send&& send,
+                  Take&& take) {
+  Result result;
+  std::mutex mu;
+  std::vector<uint64_t> next_seq(static_cast<size_t>(callers), 0);
+  auto phase = [&](bool measured, double seconds) {
+    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(seconds));
+    std::vector<std::thread> threads;
+    const auto t0 = Clock::now();
+    for (int c = 0; c < callers; ++c) {
+      threads.emplace_back([&, c] {
+        std::vector<double> mine;
+        std::map<int, int64_t> errors;
+        std::unordered_map<uint64_t, Clock::time_point> out;
+        uint64_t& seq = next_seq[static_cast<size_t>(c)];
+        int64_t n = 0;
+        for (;;) {
+          const bool sending = Clock::now() < until;
+          if (sending && static_cast<int>(out.size()) < window) {
+            const auto start = Clock::now();
+            const int code = send(c, seq, measured);
+            if (code != 0) {
+              ++errors[code];
+              ++n;
+              break;
+            }
+            out.emplace(seq++, start);
+            continue;
+          }
+          if (out.empty()) break;
+          uint64_t answered = 0;
+          const int code = take(c, measured, &answered);
+          if (code < 0) {  // the stream ended: what was out is lost
+            errors[14] += static_cast<int64_t>(out.size());  // UNAVAILABLE
+            n += static_cast<int64_t>(out.size());
+            break;
+          }
+          const auto it = out.find(answered);
+          if (it == out.end()) continue;  // not ours (cannot happen with a sane server)
+          ++n;
+          if (code == 0) {
+            mine.push_back(
+                std::chrono::duration<double, std::micro>(Clock::now() - it->second).count());
+          } else {
+            ++errors[code];
+          }
+          out.erase(it);
         }
         if (!measured) return;
         std::lock_guard<std::mutex> lock(mu);

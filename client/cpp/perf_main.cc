@@ -1,6 +1,7 @@
 // `fusebox-perf`: a load generator for any fusebox server, in the manner of ghz or
 // perf_analyzer. It runs one op (any dtype and shape, inputs inline or by a handle uploaded
-// once) through the C++ client library, in closed loop (N callers, or a sweep of N) or in open
+// once) through the C++ client library, in closed loop (N callers, or a sweep of N; unary calls,
+// or --mode=stream: an Execute stream per caller with a window of calls in flight) or in open
 // loop at a fixed rate with latency counted from each call's intended send time, and reports
 // latency percentiles, calls/s, errors by gRPC code and the server's own phase medians (from
 // the responses' Timing) as a table, JSON or CSV. With --shm the inputs and outputs live in
@@ -42,6 +43,11 @@ one run per count) calls again as soon as its call returns. Open loop (--rate R)
 due at R per second and taken by a pool of --callers callers; latency counts from the due
 time, so a server that falls behind shows it as latency (and `late` counts calls that started
 more than 1 ms after they were due because every caller was busy).
+
+Streaming (--mode=stream, closed loop only): each caller opens one Execute stream on its
+connection and keeps --window calls in flight on it: it sends while fewer are unanswered, else
+takes the next answer; latency runs from a call's send to its answer. Compare calls/s with
+--mode=unary at the same --callers to see what the stream saves.
 
 Every caller has its own connection (a channel of its own). An option given empty
 (--tls_ca=) overrides its variable.
@@ -139,7 +145,8 @@ int main(int argc, char** argv) {
   bool by_handle = false, bias = false, use_shm = false;
   std::string op_name = "gelu", dtype_name = "float32", shape_arg = "1024", sweep_arg;
   std::string json_path, csv_path;
-  int callers = 1;
+  int callers = 1, window = 16;
+  std::string mode = "unary";
   double rate = 0, warmup_s = 1, duration_s = 5;
   long timeout_ms = 10000;
 
@@ -177,6 +184,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--timeout_ms", timeout_ms, "deadline of each call")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--mode", mode, "unary: one RPC per call; stream: calls on an Execute stream "
+                 "per caller, --window in flight")
+      ->check(CLI::IsMember({"unary", "stream"}))
+      ->capture_default_str();
+  app.add_option("--window", window, "--mode=stream: calls in flight per stream")
+      ->check(CLI::Range(1, 65536))
       ->capture_default_str();
   app.add_option("--json", json_path, "write the report as JSON to FILE (- for stdout)");
   app.add_option("--csv", csv_path, "write one CSV row per run to FILE (- for stdout)");
@@ -218,6 +232,8 @@ int main(int argc, char** argv) {
   } else {
     counts.push_back(callers);
   }
+  const bool streaming = mode == "stream";
+  if (streaming && rate > 0) return usage("--mode=stream is closed loop: leave out --rate");
   if (const std::string m = conn.Mistake(); !m.empty()) return usage(m);
   // The table goes to stderr when stdout carries the JSON or CSV.
   FILE* table_out = (json_path == "-" || csv_path == "-") ? stderr : stdout;
@@ -322,11 +338,39 @@ int main(int argc, char** argv) {
       }
       return static_cast<int>(st.code());
     };
+    auto record = [&](int c, const fc::Timing& t) {
+      const double v[kNumPhases] = {t.queue_us,  t.copy_in_us,  t.launch_us,
+                                    t.kernel_us, t.copy_out_us, t.total_us};
+      for (int k = 0; k < kNumPhases; ++k) phases[static_cast<size_t>(c)][k].push_back(v[k]);
+    };
     Run run;
     run.callers = n;
     run.rate = rate;
-    run.result = rate > 0 ? load::OpenLoop(n, rate, warmup_s, duration_s, call)
-                          : load::ClosedLoop(n, warmup_s, duration_s, call);
+    if (streaming) {
+      std::vector<std::unique_ptr<fc::ExecuteStream>> streams;
+      for (int c = 0; c < n; ++c) streams.push_back(clients[static_cast<size_t>(c)]->Execute(window));
+      auto send = [&](int c, uint64_t seq, bool) {
+        return static_cast<int>(streams[static_cast<size_t>(c)]->Submit(seq, op, args).code());
+      };
+      std::vector<fc::ExecuteResult> answers(static_cast<size_t>(n));
+      auto take = [&](int c, bool measured, uint64_t* seq) {
+        fc::ExecuteResult& r = answers[static_cast<size_t>(c)];
+        if (!streams[static_cast<size_t>(c)]->Next(&r)) return -1;
+        *seq = r.id;
+        if (r.status.ok() && measured) record(c, r.result.timing);
+        return static_cast<int>(r.status.code());
+      };
+      run.result = load::StreamLoop(n, window, warmup_s, duration_s, send, take);
+      for (auto& st : streams) {
+        if (absl::Status end = st->Finish(); !end.ok()) {
+          std::fprintf(stderr, "fusebox-perf: a stream ended with %s\n", end.ToString().c_str());
+          ++run.result.errors[static_cast<int>(end.code())];
+        }
+      }
+    } else {
+      run.result = rate > 0 ? load::OpenLoop(n, rate, warmup_s, duration_s, call)
+                            : load::ClosedLoop(n, warmup_s, duration_s, call);
+    }
     for (int k = 0; k < kNumPhases; ++k) {
       std::vector<double> all;
       for (const auto& p : phases) all.insert(all.end(), p[k].begin(), p[k].end());
@@ -340,9 +384,12 @@ int main(int argc, char** argv) {
   // The table.
   std::ostringstream shape_str;
   for (size_t i = 0; i < shape.size(); ++i) shape_str << (i ? "x" : "") << shape[i];
+  const std::string loop = streaming ? "stream (window " + std::to_string(window) + ")"
+                           : rate > 0  ? "open"
+                                       : "closed";
   std::fprintf(table_out, "fusebox-perf: %s %s %s, %s, %s loop, %.1f s per run (+%.1f s warm-up), server %s\n",
                op_name.c_str(), dtype_name.c_str(), shape_str.str().c_str(),
-               use_shm ? "shared memory" : by_handle ? "by handle" : "inline", rate > 0 ? "open" : "closed", duration_s,
+               use_shm ? "shared memory" : by_handle ? "by handle" : "inline", loop.c_str(), duration_s,
                warmup_s, server.c_str());
   std::fprintf(table_out, "%7s %9s %9s %10s %9s %9s %9s %9s %6s  %s\n", "callers", "rate/s",
                "calls", "calls/s", "p50 us", "p90 us", "p99 us", "p99.9 us", "late", "errors");
@@ -394,7 +441,8 @@ int main(int argc, char** argv) {
       << ", \"dtype\": " << JsonString(dtype_name) << ", \"shape\": [";
     for (size_t i = 0; i < shape.size(); ++i) j << (i ? ", " : "") << shape[i];
     j << "], \"input\": " << JsonString(use_shm ? "shm" : by_handle ? "handle" : "inline")
-      << ", \"mode\": " << JsonString(rate > 0 ? "open" : "closed")
+      << ", \"mode\": " << JsonString(streaming ? "stream" : rate > 0 ? "open" : "closed")
+      << ", \"window\": " << (streaming ? window : 0)
       << ", \"warmup_s\": " << Num(warmup_s) << ", \"duration_s\": " << Num(duration_s)
       << ", \"runs\": [";
     for (size_t i = 0; i < runs.size(); ++i) {
@@ -435,7 +483,7 @@ int main(int argc, char** argv) {
       std::string errs;
       for (auto [code, k] : r.result.errors) errs += (errs.empty() ? "" : " ") + CodeName(code) + ":" + std::to_string(k);
       c << op_name << "," << dtype_name << "," << shape_str.str() << "," << (use_shm ? "shm" : by_handle ? "handle" : "inline")
-        << "," << (rate > 0 ? "open" : "closed") << "," << r.callers << "," << Num(r.rate) << ","
+        << "," << (streaming ? "stream" : rate > 0 ? "open" : "closed") << "," << r.callers << "," << Num(r.rate) << ","
         << r.result.calls << "," << r.result.latency_us.size() << "," << Num(r.result.calls_per_s()) << ","
         << r.result.late;
       for (double q : kQuantiles) c << "," << Num(load::Percentile(r.result.latency_us, q));

@@ -26,6 +26,9 @@ struct RequestLimits {
   int64_t max_sending_bytes = 0;  // its replies on their way (Sending); 0 = max_inflight_bytes
   double stall_timeout_seconds = 0;             // StallWatch's timeout; 0 = none
   int64_t max_message_bytes = int64_t{1} << 30;  // the largest message a client may send
+  // Execute: requests one stream may have read and not yet answered (--stream_max_inflight);
+  // at the bound the server stops reading the stream until a response has gone.
+  int stream_max_inflight = 64;
 };
 
 // Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.

@@ -1,4 +1,5 @@
-// The four op RPCs. One request's path: method -> RunOp -> its op's Prepare (validate, resolve
+// The four op RPCs, and the one body (RunOp) that runs an op for them and for Execute's
+// requests (execute.cc). One request's path: method -> UnaryOp -> RunOp -> its op's Prepare (validate, resolve
 // handles, shape the output in place; server/core/request.h) -> Backend::Check ->
 // Backend::Submit -> a backend thread -> done: commit a kept output, timing and metrics ->
 // Finish. Requests arrive as wire bytes and are parsed here (messages.h). OpSpec below is the
@@ -55,27 +56,23 @@ struct OpSpec<v1::MatmulReluRequest> {
 
 }  // namespace
 
-template <typename Req, typename Resp>
-grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx,
-                                                   const grpc::ByteBuffer* wire,
-                                                   grpc::ByteBuffer* reply) {
+template <typename Req>
+void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
+                              const absl::StatusOr<RequestContext>& caller, absl::Status parsed,
+                              const Req& req, v1::TensorRef* output, v1::Timing* timing,
+                              OpSink* sink) {
   constexpr Op op = OpSpec<Req>::kOp;
-  const int64_t arrived = SteadyNowNs();
-  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
-  auto [req, resp] = reactor->Messages<Req, Resp>();
-  v1::TensorRef* output = resp->mutable_output();
-  v1::Timing* timing = resp->mutable_timing();
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
   record.method = OpName(op);
   record.op = op;
   // Ends the call: one place for timing, metrics and the reply. A kept output is committed
   // only while the caller still waits for its handle (BeforeCommit).
-  auto finish = [this, ctx, reactor, timing, output](CallRecord record, absl::Status s,
-                                                     const OpTiming& t, PreparedCall* p) {
+  auto finish = [this, ctx, sink, timing, output](CallRecord record, absl::Status s,
+                                                  const OpTiming& t, PreparedCall* p) {
     if (s.ok()) s = SharedRegionsIntact(*p);  // a file truncated under the call
     if (s.ok() && p->kept_output) {
-      s = reactor->Cancelled()
+      s = sink->Cancelled()
               ? absl::CancelledError("the call was cancelled; its output was not kept")
               : BeforeCommit(*ctx, p->kept_output.get());
     }
@@ -84,7 +81,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
       if (p->kept_output) {
         store_->Commit(p->kept_output);
         output->set_handle(p->kept_output->handle);
-        reactor->Kept(*p->kept_output);
+        sink->Kept(*p->kept_output);
       } else if (p->has_shared_output) {
         output->mutable_shared()->Swap(&p->shared_output);
       }
@@ -98,19 +95,19 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
       metrics_->RecordCall(record);
       metrics_->CallFinished();
     }
-    reactor->Reply(ToGrpcStatus(s));
+    sink->Reply(s);
   };
 
   absl::StatusOr<PreparedCall> prepared = absl::UnknownError("");
   std::string tenant;
-  if (auto c = Context(*ctx); !c.ok()) {
-    prepared = c.status();
-  } else if (absl::Status parsed = ParseRequest(wire, req); !parsed.ok()) {
+  if (!caller.ok()) {
+    prepared = caller.status();
+  } else if (!parsed.ok()) {
     prepared = parsed;
   } else {
-    tenant = c->tenant;
+    tenant = caller->tenant;
     try {
-      prepared = OpSpec<Req>::Prepare(*req, *c, output->mutable_tensor());
+      prepared = OpSpec<Req>::Prepare(req, *caller, output->mutable_tensor());
     } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now
       output->Clear();
       prepared = absl::ResourceExhaustedError(
@@ -129,10 +126,10 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
   if (!prepared.ok()) {
     PreparedCall none;
     finish(record, prepared.status(), OpTiming{}, &none);
-    return reactor;
+    return;
   }
   auto p = std::make_shared<PreparedCall>(*std::move(prepared));
-  reactor->Hold(std::move(p->inflight), std::move(tenant));
+  sink->Hold(std::move(p->inflight), std::move(tenant));
   record.dtype = p->call.dtype;
   record.bytes_in = p->bytes_in;
   record.bytes_out = p->bytes_out;
@@ -140,43 +137,72 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RunOp(grpc::CallbackServerContext* 
     OpTiming t;
     t.total_us = (SteadyNowNs() - arrived) / 1e3;
     finish(record, absl::OkStatus(), t, p.get());
-    return reactor;
+    return;
   }
   auto done = [finish, record, p](absl::Status s, const OpTiming& t) {
     finish(record, s, t, p.get());
   };
-  p->call.abandoned = [ctx] { return ctx->IsCancelled(); };  // ctx outlives `done`
+  // The sink outlives `done`: a unary reactor until its Finish, a stream until its last op
+  // has answered.
+  p->call.abandoned = [sink] { return sink->Cancelled(); };
   if (p->trivial) {  // a kept output whose value needs no kernel: copy it in
     backend_->SubmitWrite(p->kept_output->buffer.get(), 0, p->trivial_bytes.data(),
                           p->trivial_bytes.size(), arrived, std::move(done));
   } else {
     backend_->Submit(p->call, arrived, std::move(done));
   }
+}
+
+// Execute's requests reach RunOp from execute.cc.
+template void KernelServiceImpl::RunOp<v1::GeluRequest>(
+    grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
+    const v1::GeluRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+template void KernelServiceImpl::RunOp<v1::SoftmaxRequest>(
+    grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
+    const v1::SoftmaxRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+template void KernelServiceImpl::RunOp<v1::RowSumRequest>(
+    grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
+    const v1::RowSumRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+template void KernelServiceImpl::RunOp<v1::MatmulReluRequest>(
+    grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
+    const v1::MatmulReluRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* KernelServiceImpl::UnaryOp(grpc::CallbackServerContext* ctx,
+                                                     const grpc::ByteBuffer* wire,
+                                                     grpc::ByteBuffer* reply) {
+  const int64_t arrived = SteadyNowNs();
+  auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
+  auto [req, resp] = reactor->Messages<Req, Resp>();
+  absl::StatusOr<RequestContext> caller = Context(*ctx);
+  absl::Status parsed = caller.ok() ? ParseRequest(wire, req) : absl::OkStatus();
+  RunOp<Req>(ctx, arrived, caller, std::move(parsed), *req, resp->mutable_output(),
+             resp->mutable_timing(), reactor);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::Gelu(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* req,
                                                   grpc::ByteBuffer* resp) {
-  return RunOp<v1::GeluRequest, v1::GeluResponse>(ctx, req, resp);
+  return UnaryOp<v1::GeluRequest, v1::GeluResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::Softmax(grpc::CallbackServerContext* ctx,
                                                      const grpc::ByteBuffer* req,
                                                      grpc::ByteBuffer* resp) {
-  return RunOp<v1::SoftmaxRequest, v1::SoftmaxResponse>(ctx, req, resp);
+  return UnaryOp<v1::SoftmaxRequest, v1::SoftmaxResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::RowSum(grpc::CallbackServerContext* ctx,
                                                     const grpc::ByteBuffer* req,
                                                     grpc::ByteBuffer* resp) {
-  return RunOp<v1::RowSumRequest, v1::RowSumResponse>(ctx, req, resp);
+  return UnaryOp<v1::RowSumRequest, v1::RowSumResponse>(ctx, req, resp);
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::MatmulRelu(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* req,
                                                         grpc::ByteBuffer* resp) {
-  return RunOp<v1::MatmulReluRequest, v1::MatmulReluResponse>(ctx, req, resp);
+  return UnaryOp<v1::MatmulReluRequest, v1::MatmulReluResponse>(ctx, req, resp);
 }
 
 }  // namespace fusebox

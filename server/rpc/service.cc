@@ -28,6 +28,8 @@ void FillInfo(const StoredTensor& t, v1::TensorInfo* out) {
       idle_ms);
 }
 
+void OpReactor::Reply(const absl::Status& s) { Reply(ToGrpcStatus(s)); }
+
 void OpReactor::Reply(const grpc::Status& s) {
   int64_t bytes = 0;
   if (s.ok()) bytes = SerializeReply(*response_, reply_);

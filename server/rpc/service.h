@@ -2,7 +2,8 @@
 // request (server/core/request.h), submit the call to the backend and return; the
 // backend's thread finishes the RPC. Upload and Download stream chunks through
 // the backend's copy queue. No gRPC thread ever waits on compute or copies.
-// One concern a file: ops.cc, upload.cc, download.cc, tensors.cc; service.cc the shared parts.
+// One concern a file: ops.cc, upload.cc, download.cc, tensors.cc, execute.cc (the op stream);
+// service.cc the shared parts.
 // Every method is registered raw: the service parses its requests and serializes its replies
 // itself (messages.h), so it checks a request's wire bytes before parsing them, and answers a
 // body that does not parse with INVALID_ARGUMENT.
@@ -10,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
@@ -38,7 +41,10 @@ using RawKernelService = v1::KernelService::WithRawCallbackMethod_RegisterShared
                                     v1::KernelService::WithRawCallbackMethod_WriteUpload<
                                         v1::KernelService::WithRawCallbackMethod_CommitUpload<
                                             v1::KernelService::WithRawCallbackMethod_AbortUpload<
-                                                v1::KernelService::Service>>>>>>>>>>>>>>>;
+                                                v1::KernelService::WithRawCallbackMethod_Execute<
+                                                v1::KernelService::Service>>>>>>>>>>>>>>>>;
+
+class OpSink;  // service_parts.h
 
 class KernelServiceImpl final : public RawKernelService {
  public:
@@ -79,6 +85,15 @@ class KernelServiceImpl final : public RawKernelService {
   grpc::ServerUnaryReactor* ListSharedMemory(grpc::CallbackServerContext* ctx,
                                              const grpc::ByteBuffer* req,
                                              grpc::ByteBuffer* resp) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Execute(
+      grpc::CallbackServerContext* ctx) override;
+
+  // The server is shutting down: every Execute stream stops reading, answers what it has
+  // read, and ends UNAVAILABLE; a stream opened from now on ends so at once. Unary calls are
+  // gRPC's to drain (Server::Shutdown).
+  void Drain();
+  // Host bytes the in-flight budget holds now (InflightBytes::used; 0 without a limit).
+  int64_t InflightUsed() const;
 
   // Ranged uploads (ranged_upload.cc): a reservation, writes of byte ranges on any number of
   // streams, and a commit once every byte is written.
@@ -105,6 +120,7 @@ class KernelServiceImpl final : public RawKernelService {
   class UploadReactor;
   class DownloadReactor;
   class WriteUploadReactor;
+  class ExecuteReactor;
 
   // An RPC that runs no op (Upload, Download, FreeTensor, ListTensors) in the
   // metrics, if any: StartOther when it arrives (calls_in_flight), RecordOther
@@ -132,10 +148,21 @@ class KernelServiceImpl final : public RawKernelService {
   absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
-  // Parses, validates and runs one op: the common body of the four op methods (ops.cc).
+  // Validates and runs one op request to its end at sink->Reply (ops.cc): the one body of the
+  // four op methods and of Execute's requests. `caller` is who calls (or why not), `parsed`
+  // whether `req` parsed; the result goes into `output` (the kernel writes an inline one in
+  // place) and `timing`. `arrived` (steady ns) is the origin of queue_us and total_us.
+  template <typename Req>
+  void RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
+             const absl::StatusOr<RequestContext>& caller, absl::Status parsed, const Req& req,
+             v1::TensorRef* output, v1::Timing* timing, OpSink* sink);
+  // Answers an Execute request that names no op or does not parse with `s`, counted in the
+  // metrics as an Execute call.
+  void Refuse(OpSink* request, const absl::Status& s);
+  // A unary op method: parses the request and hands it to RunOp with an OpReactor.
   template <typename Req, typename Resp>
-  grpc::ServerUnaryReactor* RunOp(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
-                                  grpc::ByteBuffer* reply);
+  grpc::ServerUnaryReactor* UnaryOp(grpc::CallbackServerContext* ctx,
+                                    const grpc::ByteBuffer* wire, grpc::ByteBuffer* reply);
 
   Backend* const backend_;
   Metrics* const metrics_;
@@ -148,6 +175,10 @@ class KernelServiceImpl final : public RawKernelService {
   // Ranged uploads; null without a store. Idle ones are dropped after the stall timeout (the
   // idle expiry where that is 0), from CancelStalled.
   const std::unique_ptr<PendingUploads> uploads_;
+  // Execute streams open now, for Drain; a stream leaves in its OnDone.
+  std::mutex streams_mu_;
+  std::set<ExecuteReactor*> streams_;  // guarded by streams_mu_
+  bool draining_ = false;              // guarded by streams_mu_
 };
 
 }  // namespace fusebox

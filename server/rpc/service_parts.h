@@ -1,5 +1,6 @@
-// What the service's files share: the reply reactor of unary calls, and a held tensor's
-// TensorInfo. Internal to server/rpc.
+// What the service's files share: where an op call ends (OpSink: the reply reactor of unary
+// calls, or one request of an Execute stream), and a held tensor's TensorInfo. Internal to
+// server/rpc.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include "absl/status/status.h"
 #include "fusebox/v1/kernel_service.pb.h"
 #include "server/core/inflight_bytes.h"
 #include "server/core/tensor_store.h"
@@ -21,11 +23,28 @@ namespace fusebox {
 // A held tensor as ListTensors, Upload and Download describe it.
 void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 
+// Where one op call ends (KernelServiceImpl::RunOp): a unary call's reactor, or one request of
+// an Execute stream (execute.cc). RunOp calls Hold and Kept at most once each, then Reply once.
+class OpSink {
+ public:
+  virtual ~OpSink() = default;
+  // Whether the caller has gone (cancelled, past its deadline, ended by the stall watch): a
+  // kept output is then not committed.
+  virtual bool Cancelled() const = 0;
+  // The call's in-flight reservation, to hold until its reply is on its way; its serialized
+  // reply is counted as `tenant`'s.
+  virtual void Hold(std::shared_ptr<void> inflight, std::string tenant) = 0;
+  // The call's output was kept as `t`: free it should its reply never reach the caller.
+  virtual void Kept(const StoredTensor& t) = 0;
+  // Ends the call: its response (filled by RunOp) with OK, else the error alone.
+  virtual void Reply(const absl::Status& s) = 0;
+};
+
 // A unary call's reactor (the ops, ListTensors). It owns the call's request and response
 // messages (the service parses and serializes them itself: messages.h), holds the call's
 // in-flight budget, watches its reply until it has gone, and gives back a kept output whose
 // call was cancelled after the commit (its handle never reached the caller).
-class OpReactor final : public grpc::ServerUnaryReactor {
+class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
  public:
   // `inflight` may be null (no limit); `reply` is the buffer gRPC sends.
   OpReactor(TensorStore* store, StallWatch* stalls, InflightBytes* inflight,
@@ -43,19 +62,17 @@ class OpReactor final : public grpc::ServerUnaryReactor {
   }
   const google::protobuf::Message& request() const { return *request_; }
 
-  void Kept(const StoredTensor& t) {
+  void Kept(const StoredTensor& t) override {
     tenant_ = t.tenant;
     handle_ = t.handle;
   }
-  // The call's in-flight reservation, held until its reply is sent; its serialized reply is
-  // counted as `tenant`'s.
-  void Hold(std::shared_ptr<void> inflight, std::string tenant) {
+  // Held until the reply is sent.
+  void Hold(std::shared_ptr<void> inflight, std::string tenant) override {
     held_ = std::move(inflight);
     caller_ = std::move(tenant);
   }
-  // Whether the call was cancelled (its deadline passed, its client went or the stall watch
-  // ended it).
-  bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
+  bool Cancelled() const override { return cancelled_.load() || ctx_->IsCancelled(); }
+  void Reply(const absl::Status& s) override;
 
   // Sends the status, and with OK the response. The messages go first (the serialized reply
   // holds its own copy), and the call's reservation with them: what is left until the call

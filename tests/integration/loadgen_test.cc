@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <thread>
+#include <vector>
 
 namespace fusebox::client::load {
 namespace {
@@ -70,6 +72,45 @@ TEST(OpenLoop, KeepsUpWhenCallersSuffice) {
   });
   EXPECT_EQ(r.calls, 50);
   EXPECT_LT(Percentile(r.latency_us, 0.5), 50000);
+}
+
+// A fake stream per caller that answers in reverse order of sending: the loop keeps at most
+// `window` calls out, matches answers to calls by number, answers every call it sent, and
+// counts answers with an error code by that code.
+TEST(StreamLoop, KeepsTheWindowAndMatchesAnswersInAnyOrder) {
+  constexpr int kCallers = 2, kWindow = 4;
+  struct Fake {
+    std::deque<uint64_t> out;
+    size_t most = 0;
+    int64_t sent = 0;
+  };
+  std::vector<Fake> fakes(kCallers);
+  auto send = [&](int c, uint64_t seq, bool) {
+    Fake& f = fakes[static_cast<size_t>(c)];
+    f.out.push_back(seq);
+    f.most = std::max(f.most, f.out.size());
+    ++f.sent;
+    return 0;
+  };
+  auto take = [&](int c, bool, uint64_t* seq) {
+    Fake& f = fakes[static_cast<size_t>(c)];
+    if (f.out.empty()) return -1;
+    *seq = f.out.back();  // the newest first
+    f.out.pop_back();
+    return *seq % 10 == 3 ? 8 : 0;  // every tenth call RESOURCE_EXHAUSTED
+  };
+  const Result r = StreamLoop(kCallers, kWindow, 0.05, 0.2, send, take);
+  int64_t sent = 0;
+  for (const Fake& f : fakes) {
+    EXPECT_EQ(f.most, static_cast<size_t>(kWindow));
+    EXPECT_TRUE(f.out.empty());  // the phase ended by taking every answer out
+    sent += f.sent;
+  }
+  EXPECT_GT(r.calls, 0);
+  EXPECT_LE(r.calls, sent);  // the warm-up's calls are not counted
+  const int64_t failed = r.errors.count(8) ? r.errors.at(8) : 0;
+  EXPECT_GT(failed, 0);
+  EXPECT_EQ(static_cast<int64_t>(r.latency_us.size()) + failed, r.calls);
 }
 
 }  // namespace

@@ -120,3 +120,17 @@ def test_the_token_reaches_the_server(tmp_path):
                                   ["--callers", "0"], ["--no_such_option"]])
 def test_bad_command_lines_exit_2(server, args):
     assert perf(server, *args).returncode == 2
+
+
+def test_stream_mode_keeps_a_window_on_an_execute_stream_per_caller(server):
+    r = perf(server, "--mode=stream", "--window", "8", "--concurrency_sweep", "1,2",
+             "--duration_s", "0.5", "--shape", "256", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["mode"] == "stream" and report["window"] == 8
+    for run, callers in zip(report["runs"], [1, 2]):
+        check_run(run, callers, 0)
+        assert run["server_us"]["total_us"] > 0
+    # Streaming is closed loop only.
+    bad = perf(server, "--mode=stream", "--rate", "100")
+    assert bad.returncode == 2 and "closed loop" in bad.stderr

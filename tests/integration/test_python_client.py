@@ -1118,3 +1118,86 @@ def test_cli_splits_large_transfers_over_its_connections(server, tmp_path):
     assert cli("--server", server.address, "free", h).returncode == 0
     r = cli("--server", server.address, "--connections", "0", "list")
     assert r.returncode == 2 and "connections" in r.stderr
+
+
+# --- Execute: op calls on one stream -------------------------------------------------------
+
+def test_execute_many_answers_every_call_and_a_bad_one_alone(client):
+    from fusebox_client import StreamCall
+    seed, rng = fresh_rng()
+    xs = [rng.standard_normal((3, 5)).astype(np.float32) for _ in range(40)]
+    calls = [StreamCall("gelu", (x,)) for x in xs]
+    calls[17] = StreamCall("softmax", (np.float32(1.0),))  # rank 0: its own error
+    calls[30] = StreamCall("matmul_relu", (xs[30], xs[30].T.copy()))
+    results = list(client.execute_many(calls, window=6))
+    assert sorted(r.index for r in results) == list(range(40)), seed
+    by_index = {r.index: r for r in results}
+    assert by_index[17].error is not None and by_index[17].value is None
+    assert by_index[17].error.code == grpc.StatusCode.INVALID_ARGUMENT
+    for i in set(range(40)) - {17, 30}:
+        assert by_index[i].error is None
+        np.testing.assert_allclose(by_index[i].value, gelu_ref(xs[i].astype(np.float64)),
+                                   rtol=1e-5, atol=1e-6)
+        assert by_index[i].timing.backend == "cpu" and by_index[i].timing.rpc_us > 0
+    want = np.maximum(xs[30].astype(np.float64) @ xs[30].T.astype(np.float64), 0)
+    np.testing.assert_allclose(by_index[30].value, want, rtol=1e-4, atol=1e-5)
+
+
+def test_execute_many_keeps_outputs_on_the_server(client):
+    from fusebox_client import StreamCall
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 4
+    with client.upload(x) as h:
+        (kept,) = list(client.execute_many([StreamCall("gelu", (h,), keep=True)]))
+        assert isinstance(kept.value, Handle)
+        with kept.value as g:
+            (sums,) = list(client.execute_many([StreamCall("rowsum", (g,))]))
+            np.testing.assert_allclose(sums.value, gelu_ref(x.astype(np.float64)).sum(-1),
+                                       rtol=1e-5)
+
+
+def test_execute_many_refuses_an_unknown_op_before_sending_it(client):
+    from fusebox_client import StreamCall
+    with pytest.raises(ValueError, match="unknown op"):
+        list(client.execute_many([StreamCall("cube", (np.ones(2, np.float32),))]))
+    expect_still_serving(client)
+
+
+def test_execute_many_without_a_token_is_unauthenticated(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-a alice\n")
+    s = Server(f"--token_file={tokens}")
+    try:
+        from fusebox_client import StreamCall
+        with Client(s.address, timeout=30) as c:
+            with pytest.raises(FuseboxError) as e:
+                list(c.execute_many([StreamCall("gelu", (np.ones(2, np.float32),))]))
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with Client(s.address, timeout=30, token="secret-a") as c:
+            (r,) = list(c.execute_many([StreamCall("gelu", (np.ones(2, np.float32),))]))
+            assert r.error is None
+    finally:
+        s.stop()
+        s.kill()
+
+
+def test_async_execute_many_answers_every_call(server):
+    import asyncio
+    from fusebox_client import StreamCall
+    from fusebox_client.aio import AsyncClient
+
+    async def run(calls):
+        async with AsyncClient(server.address, timeout=30) as c:
+            return [r async for r in c.execute_many(calls, window=4)]
+
+    calls = [StreamCall("rowsum", (np.full((2, 3), i, np.float32),)) for i in range(25)]
+    calls[7] = StreamCall("rowsum", (np.float32(2.0),))  # rank 0: its own error
+    results = asyncio.run(run(calls))
+    assert sorted(r.index for r in results) == list(range(25))
+    for r in results:
+        if r.index == 7:
+            assert r.error.code == grpc.StatusCode.INVALID_ARGUMENT
+        else:
+            np.testing.assert_allclose(r.value, [3.0 * r.index] * 2)
+    # A call the client cannot encode raises, and ends the stream.
+    with pytest.raises(ValueError, match="unknown op"):
+        asyncio.run(run([StreamCall("cube", (np.ones(2, np.float32),))]))

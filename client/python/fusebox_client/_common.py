@@ -556,6 +556,73 @@ def matmul_request(a: Any, b: Any, bias: Any, dtype: DTypeArg, allow_tf32: bool,
     return r
 
 
+# --- Execute: op calls on one stream ----------------------------------------------------------
+
+_EXECUTE_FIELDS = {"gelu": "gelu", "softmax": "softmax", "rowsum": "row_sum",
+                   "matmul_relu": "matmul_relu"}
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+@dataclass(frozen=True)
+class StreamCall:
+    """One op call for ``execute_many``: ``op`` is "gelu", "softmax", "rowsum" or
+    "matmul_relu"; ``inputs`` what the op's method takes (x; or a, b and an optional bias), each
+    an array, tensor or Handle; the other fields as the op's method has them."""
+    op: str
+    inputs: Tuple[Any, ...]
+    dtype: DTypeArg = None
+    keep: bool = False
+    allow_tf32: bool = False
+    impl: Union[int, str] = 0
+
+
+@dataclass
+class StreamResult:
+    """One answer of ``execute_many``: the call's position in the calls given (``index``, its
+    id on the stream), and its output (an array / tensor, or a Handle with keep=True) and
+    timing, or its own error (``error`` set, ``value`` None): one failed call does not end the
+    stream."""
+    index: int
+    value: Any
+    timing: Optional[Timing]
+    error: Optional[FuseboxError]
+
+
+def execute_request(index: int, call: StreamCall) -> pb.ExecuteRequest:
+    """The ExecuteRequest of call number ``index``; ValueError for an op it does not know."""
+    field = _EXECUTE_FIELDS.get(call.op)
+    if field is None:
+        raise ValueError(f"unknown op {call.op!r}: gelu, softmax, rowsum or matmul_relu")
+    if call.op == "matmul_relu":
+        if len(call.inputs) not in (2, 3):
+            raise ValueError("matmul_relu takes a, b and an optional bias")
+        bias = call.inputs[2] if len(call.inputs) == 3 else None
+        r = matmul_request(call.inputs[0], call.inputs[1], bias, call.dtype, call.allow_tf32,
+                           call.impl, call.keep)
+    else:
+        if len(call.inputs) != 1:
+            raise ValueError(f"{call.op} takes one input")
+        r = unary_request({"gelu": "Gelu", "softmax": "Softmax", "rowsum": "RowSum"}[call.op],
+                          call.inputs[0], call.dtype, call.keep)
+    req = pb.ExecuteRequest(id=index)
+    getattr(req, field).CopyFrom(r.message)
+    return req
+
+
+def stream_result(resp: pb.ExecuteResponse, rpc_us: float, freer: Freer, output: OutputKind,
+                  bf16_output: Bf16Output) -> StreamResult:
+    """An ExecuteResponse as a StreamResult; ``rpc_us`` runs from the call's send."""
+    which = resp.WhichOneof("result")
+    if which is None:
+        return StreamResult(resp.id, None, None,
+                            FuseboxError(grpc.StatusCode.INTERNAL, "the response has no result"))
+    if which == "error":
+        code = _CODES.get(resp.error.code, grpc.StatusCode.UNKNOWN)
+        return StreamResult(resp.id, None, None, FuseboxError(code, resp.error.message))
+    value, timing = op_result(getattr(resp, which), rpc_us, freer, output, bf16_output, True)
+    return StreamResult(resp.id, value, timing, None)
+
+
 def op_result(resp: Any, rpc_us: float, freer: Freer, output: OutputKind,
               bf16_output: Bf16Output, return_timing: bool) -> Any:
     """An op's reply as what the caller asked for: an array / tensor, or an owned Handle;

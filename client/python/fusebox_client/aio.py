@@ -7,8 +7,8 @@ Handles it creates free their tensors when they leave a ``with`` block, when gar
 from __future__ import annotations
 
 import asyncio
-from typing import (TYPE_CHECKING, Any, List, Literal, Optional, Set, Tuple, Union, cast,
-                    overload)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Dict, Iterable, List, Literal, Optional,
+                    Set, Tuple, Union, cast, overload)
 
 import grpc
 import grpc.aio
@@ -16,14 +16,15 @@ import grpc.aio
 from fusebox.v1 import kernel_service_pb2 as pb
 
 from ._common import (call_metadata, channel_options, check_inline, credentials,
-                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, Freer,
-                      FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD, health_request,
-                      health_status, identity, matmul_request, Metadata, Meter, now, op_result,
-                      PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES, RangedAssembly, RangeQueue,
-                      register_ipc_request, register_request, Request, REQUESTS, rpc_error,
-                      SERVICE, settings, shared_key, shared_memory_info, shared_op_request,
-                      shared_upload_messages, SharedMemoryInfo, SharedOutput, SharedTensor,
-                      tensor_info, TensorInfo, Timing, transfer_channel_options, unary_request,
+                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
+                      Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
+                      health_request, health_status, identity, matmul_request, Metadata, Meter,
+                      now, op_result, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
+                      RangedAssembly, RangeQueue, register_ipc_request, register_request, Request,
+                      REQUESTS, rpc_error, SERVICE, settings, shared_key, shared_memory_info,
+                      shared_op_request, shared_upload_messages, SharedMemoryInfo, SharedOutput,
+                      SharedTensor, stream_result, StreamCall, StreamResult, tensor_info,
+                      TensorInfo, Timing, transfer_channel_options, unary_request,
                       upload_messages, write_messages)
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
@@ -72,6 +73,9 @@ class AsyncClient:
             response_deserializer=pb.DownloadResponse.FromString)
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
+        self._execute = self.channel.stream_stream(
+            SERVICE + "Execute", request_serializer=pb.ExecuteRequest.SerializeToString,
+            response_deserializer=pb.ExecuteResponse.FromString)
         try:
             self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
         except RuntimeError:
@@ -308,6 +312,51 @@ class AsyncClient:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
                          return_timing)
+
+    async def execute_many(self, calls: Iterable[StreamCall], *, window: int = 64,
+                           output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                           timeout: Optional[float] = None) -> AsyncIterator[StreamResult]:
+        """Client.execute_many for asyncio: ``async for r in client.execute_many(calls):``.
+        The same window, order, errors and end as there."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self._bind_loop()
+        room = asyncio.Semaphore(window)
+        sent_at: Dict[int, float] = {}
+        call = self._execute(timeout=timeout, metadata=self._metadata or None)
+
+        async def send() -> None:
+            for index, c in enumerate(calls):
+                await room.acquire()
+                req = execute_request(index, c)
+                sent_at[index] = now()
+                await call.write(req)
+            await call.done_writing()
+
+        sender = asyncio.ensure_future(send())
+        try:
+            while True:
+                read = asyncio.ensure_future(call.read())
+                if not sender.done():  # a call that cannot be sent ends the stream at once
+                    await asyncio.wait({read, sender}, return_when=asyncio.FIRST_COMPLETED)
+                    failed = sender.exception() if sender.done() else None
+                    if failed is not None:
+                        read.cancel()
+                        raise failed
+                got = await read
+                if got is grpc.aio.EOF:
+                    break
+                resp = cast(pb.ExecuteResponse, got)
+                room.release()
+                start = sent_at.pop(resp.id, None)
+                rpc_us = (now() - start) * 1e6 if start is not None else 0.0
+                yield stream_result(resp, rpc_us, self._freer, output, bf16_output)
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            if not sender.done():
+                sender.cancel()
+            call.cancel()  # a no-op once the stream has ended
 
     # --- tensors held by the server --------------------------------------------------------
 

@@ -28,22 +28,23 @@ from __future__ import annotations
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, Literal, Optional, Set, Tuple,
-                    Union, cast, overload)
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Literal, Optional, Set,
+                    Tuple, Union, cast, overload)
 
 import grpc
 
 from fusebox.v1 import kernel_service_pb2 as pb
 
 from ._common import (call_metadata, channel_options, check_inline, credentials,
-                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, Freer,
-                      FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD, health_request,
-                      health_status, identity, matmul_request, Metadata, Meter, now, op_result,
-                      PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES, RangedAssembly, RangeQueue,
-                      register_ipc_request, register_request, replica_of, Request, REQUESTS,
-                      rpc_error, SERVICE, settings, shared_key, shared_memory_info,
-                      shared_op_request, shared_upload_messages, SharedMemoryInfo, SharedOutput,
-                      SharedTensor, tensor_info, TensorInfo, Timing, transfer_channel_options,
+                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
+                      Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
+                      health_request, health_status, identity, matmul_request, Metadata, Meter,
+                      now, op_result, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
+                      RangedAssembly, RangeQueue, register_ipc_request, register_request,
+                      replica_of, Request, REQUESTS, rpc_error, SERVICE, settings, shared_key,
+                      shared_memory_info, shared_op_request, shared_upload_messages,
+                      SharedMemoryInfo, SharedOutput, SharedTensor, stream_result, StreamCall,
+                      StreamResult, tensor_info, TensorInfo, Timing, transfer_channel_options,
                       unary_request, upload_messages, write_messages)
 from .shm import RegisteredRegion, SharedMemoryRegion
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
@@ -114,6 +115,9 @@ class Client:
             response_deserializer=pb.DownloadResponse.FromString)
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
+        self._execute = self.channel.stream_stream(
+            SERVICE + "Execute", request_serializer=pb.ExecuteRequest.SerializeToString,
+            response_deserializer=pb.ExecuteResponse.FromString)
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later, self._free_now)
@@ -360,6 +364,53 @@ class Client:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
                          return_timing)
+
+    def execute_many(self, calls: Iterable[StreamCall], *, window: int = 64,
+                     output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+                     timeout: Optional[float] = None) -> Iterator[StreamResult]:
+        """Runs many op calls over one Execute stream and yields a StreamResult per call as
+        the server answers: in the order the ops finish, not the order given (``index`` says
+        which call). At most ``window`` calls are unanswered at once; the calls are taken from
+        the iterable (and converted) only as the window allows. A failed call yields its error
+        and the stream goes on; a stream that ends early (the server shutting down,
+        UNAUTHENTICATED, ``timeout`` seconds for the whole stream passing; None: no deadline)
+        raises FuseboxError after the answers that came, and the calls without one were not
+        run. Leaving the loop early cancels the stream."""
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        room = threading.Semaphore(window)
+        sent_at: Dict[int, float] = {}
+        failure: List[BaseException] = []
+        stop = threading.Event()
+
+        def requests() -> Iterator[pb.ExecuteRequest]:
+            try:
+                for index, call in enumerate(calls):
+                    while not room.acquire(timeout=0.1):
+                        if stop.is_set():
+                            return
+                    if stop.is_set():
+                        return
+                    req = execute_request(index, call)
+                    sent_at[index] = now()
+                    yield req
+            except Exception as e:  # gRPC's thread would swallow it: hand it to the caller
+                failure.append(e)
+
+        stream = self._execute(requests(), timeout=timeout, metadata=self._metadata or None)
+        try:
+            for resp in stream:
+                room.release()
+                start = sent_at.pop(resp.id, None)
+                rpc_us = (now() - start) * 1e6 if start is not None else 0.0
+                yield stream_result(resp, rpc_us, self._freer, output, bf16_output)
+        except grpc.RpcError as e:
+            raise rpc_error(e) from None
+        finally:
+            stop.set()
+            stream.cancel()  # a no-op once the stream has ended
+        if failure:
+            raise failure[0]
 
     # --- tensors held by the server --------------------------------------------------------
 
