@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
   }
   const bool streaming = mode == "stream";
   if (streaming && rate > 0) return usage("--mode=stream is closed loop: leave out --rate");
+  if (streaming && use_shm) return usage("--mode=stream sends inputs inline or by handle: leave out --shm");
   if (const std::string m = conn.Mistake(); !m.empty()) return usage(m);
   // The table goes to stderr when stdout carries the JSON or CSV.
   FILE* table_out = (json_path == "-" || csv_path == "-") ? stderr : stdout;
