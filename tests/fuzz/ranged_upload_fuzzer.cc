@@ -251,7 +251,10 @@ void Write(World& w, Reader& in, Upload* up, bool cancel) {
     // takes the claims back when its side of the call ends, a moment later: until the next
     // commit or create, a write overlapping them may be refused.
     FUZZ_CHECK(!s.ok(), "a cancelled WriteUpload ended OK");
-    if (up && Judge(up, ranges, up->written, &mine) == grpc::OK) {
+    // What it claimed before a broken rule ended it (Judge marks ranges up to the first
+    // refused one) may be held a moment too.
+    if (up) {
+      Judge(up, ranges, up->written, &mine);
       for (size_t i = 0; i < mine.size(); ++i) {
         if (mine[i]) up->maybe_claimed[i] = true;
       }
@@ -264,6 +267,13 @@ void Write(World& w, Reader& in, Upload* up, bool cancel) {
   const grpc::StatusCode strict = Judge(up, ranges, busy, &mine_strict);
   const grpc::StatusCode loose = Judge(up, ranges, up ? up->written : busy, &mine);
   Expect(s, s.error_code() == strict ? strict : loose, "WriteUpload");
+  if (!s.ok() && up) {
+    // A refused stream's earlier ranges were claimed; the server gives them back when its side
+    // of the call ends, which may be after the client has the status.
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i]) up->maybe_claimed[i] = true;
+    }
+  }
   if (s.ok()) {
     for (size_t i = 0; i < mine.size(); ++i) {
       if (mine[i]) up->written[i] = true;
