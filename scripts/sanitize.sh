@@ -22,7 +22,8 @@
 #   * TSan only: the tests that call through gRPC (the in-process server's ServiceTest and
 #     friends, the integration and TLS tests, fusebox-perf, the Python and Go clients, the Routers and the
 #     proxy test, the real Prometheus scrape, the metrics port under a real server, the Upload
-#     corpus replay). Debian's gRPC is not built with TSan, and its synchronisation (absl::Mutex,
+#     and ranged-upload corpus replays, the Execute stream, ranged transfer and shared-memory
+#     client tests). Debian's gRPC is not built with TSan, and its synchronisation (absl::Mutex,
 #     lock-free atomics in its core) is invisible to it: every handoff between gRPC's threads
 #     reads as a race, in gRPC's own inlined code (grpcpp headers) and in ours alike (a reactor
 #     made on one gRPC thread and deleted in OnDone on another): thousands of false reports
@@ -38,7 +39,7 @@ cd "$(dirname "$0")/.."
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(asan tsan)
 not_ours='server_layers_include_nothing_above_their_own|bench_report_statistics|deploy_k8s_manifests_validate|metrics_alert_rules_are_valid|metrics_alert_rules_fire_as_specified|metrics_scrape_config_is_valid'
-through_grpc='python_client_integration|python_package_integration|perf_tool_integration|go_client_example|proxy_routes_held_tensors_to_their_replica|tls_integration.*|metrics_http_endpoint_survives_any_request|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|TlsFiles\.AServerInProcess.*|(Service[A-Za-z]*|TokenService|Integration|ServerLifecycle|Router)Test\..*'
+through_grpc='python_client_integration|python_package_integration|perf_tool_integration|go_client_example|proxy_routes_held_tensors_to_their_replica|tls_integration.*|metrics_http_endpoint_survives_any_request|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|fuzz_corpus_ranged_upload_replays_cleanly|python_shared_memory_integration|TlsFiles\.AServerInProcess.*|(Service[A-Za-z]*|TokenService|Integration|ServerLifecycle|Router|Execute|RangedTransfer|SharedMemoryClient)Test\..*'
 
 for kind in "${kinds[@]}"; do
   case "$kind" in
