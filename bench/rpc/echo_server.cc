@@ -32,8 +32,9 @@ grpc::ByteBuffer SerializedBlob(int64_t n) {
   return out;
 }
 
-using EchoBase = fusebox::bench::Echo::WithRawCallbackMethod_Sink<
-    fusebox::bench::Echo::WithRawCallbackMethod_Source<fusebox::bench::Echo::CallbackService>>;
+using EchoBase = fusebox::bench::Echo::WithRawCallbackMethod_EchoBytes<
+    fusebox::bench::Echo::WithRawCallbackMethod_Sink<
+        fusebox::bench::Echo::WithRawCallbackMethod_Source<fusebox::bench::Echo::CallbackService>>>;
 
 class EchoService final : public EchoBase {
  public:
@@ -111,6 +112,15 @@ class EchoService final : public EchoBase {
     return new Reactor(request);
   }
 
+
+  grpc::ServerUnaryReactor* EchoBytes(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override {
+    *response = *request;  // shares the slices
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
 
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, const Blob* request,
                                   Blob* response) override {

@@ -8,7 +8,8 @@
 // --floor measures the RPC-path floor instead: fusebox's inline GeLU of one payload size
 // (through fusebox_client, what users link) against fusebox-rpc-echo (plain gRPC, the same
 // library and build flags) echoing the same number of bytes, unary and over a bidirectional
-// stream. Every caller has a connection of its own (a channel with its own subchannel pool).
+// stream, and as raw bytes (no protobuf on either side: the floor for bulk inline calls). Every
+// caller has a connection of its own (a channel with its own subchannel pool).
 // Per caller count, each round measures the targets back to back in an order that
 // rotates round by round; a round gives one fusebox/echo ratio per metric, and the report
 // is the median ratio over the rounds with a distribution-free 95% interval (order
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
 
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/loadgen.h"
@@ -72,7 +74,8 @@ usage: fusebox-rpc-bench --server HOST:PORT [options]
 Prints a Markdown table: one row per case.
 
 usage: fusebox-rpc-bench --floor --server HOST:PORT --echo HOST:PORT [options]
-  fusebox's inline GeLU against fusebox-rpc-echo (plain gRPC) at the same request size
+  fusebox's inline GeLU against fusebox-rpc-echo (plain gRPC) at the same request size:
+  its unary Blob echo, its stream, and its raw-bytes echo (no protobuf copy on either side)
   --floor_bytes SIZE   request payload (default 4KiB)
   --floor_callers LIST caller counts, each run per target per round (default 1,8,16,64);
                        latency p50/p99 are reported for the first, calls/s for every one
@@ -180,8 +183,17 @@ int RunFloor(const FloorOptions& o) {
   // The echo: a stub per caller for unary calls, another channel per caller for its stream.
   Blob request;
   request.set_data(in.data);  // the same bytes as fusebox's payload
+  grpc::ByteBuffer raw_request;  // the same Blob, serialized once: sent as is by kEchoRaw
+  {
+    bool own = false;
+    grpc::SerializationTraits<Blob>::Serialize(request, &raw_request, &own);
+  }
+  const grpc::internal::RpcMethod raw_method("/fusebox.bench.Echo/EchoBytes",
+                                             grpc::internal::RpcMethod::NORMAL_RPC);
   struct EchoCaller {
+    std::shared_ptr<grpc::Channel> channel;  // unary's, for the raw calls too
     std::unique_ptr<Echo::Stub> unary, streaming;
+    grpc::ByteBuffer raw_response;
     Blob response;
     std::unique_ptr<grpc::ClientContext> stream_ctx;
     std::unique_ptr<grpc::ClientReaderWriter<Blob, Blob>> stream;
@@ -193,18 +205,19 @@ int RunFloor(const FloorOptions& o) {
       std::fprintf(stderr, "fusebox-rpc-bench: cannot connect to %s\n", o.echo.c_str());
       return 1;
     }
+    e.channel = u;
     e.unary = Echo::NewStub(u);
     e.streaming = Echo::NewStub(st);
   }
 
   enum Target { kFusebox, kEchoUnary, kEchoStream, kFuseboxExecute, kEchoWindow, kFuseboxUnix,
-                kTargets };
+                kEchoRaw, kTargets };
   const std::string window = std::to_string(o.stream_window);
   const std::string kNames[kTargets] = {
       "fusebox GeLU (fusebox_client)", "echo unary", "echo stream",
       "fusebox GeLU over Execute (window " + window + ")", "echo stream (window " + window + ")",
-      "fusebox GeLU over " + o.unix_target};
-  std::vector<Target> active = {kFusebox, kEchoUnary, kEchoStream};
+      "fusebox GeLU over " + o.unix_target, "echo raw bytes"};
+  std::vector<Target> active = {kFusebox, kEchoUnary, kEchoStream, kEchoRaw};
   if (o.stream_window > 0) active.insert(active.end(), {kFuseboxExecute, kEchoWindow});
   if (!o.unix_target.empty()) active.push_back(kFuseboxUnix);
   auto is_active = [&](Target t) { return std::find(active.begin(), active.end(), t) != active.end(); };
@@ -253,6 +266,12 @@ int RunFloor(const FloorOptions& o) {
         grpc::ClientContext ctx;
         const grpc::Status st = echo[i].unary->Unary(&ctx, request, &echo[i].response);
         return st.ok() ? 0 : fail("echo: " + st.error_message());
+      }
+      case kEchoRaw: {
+        grpc::ClientContext ctx;
+        const grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+            echo[i].channel.get(), raw_method, &ctx, raw_request, &echo[i].raw_response);
+        return st.ok() ? 0 : fail("echo raw: " + st.error_message());
       }
       default: {
         EchoCaller& e = echo[i];
@@ -363,13 +382,14 @@ int RunFloor(const FloorOptions& o) {
   // Columns: each target's median, then the ratios of the pairs below.
   struct Pair { Target num, den; const char* name; };
   std::vector<Pair> pairs = {{kFusebox, kEchoUnary, "fusebox / echo unary"},
-                             {kFusebox, kEchoStream, "fusebox / echo stream"}};
+                             {kFusebox, kEchoStream, "fusebox / echo stream"},
+                             {kFusebox, kEchoRaw, "fusebox / echo raw bytes"}};
   if (is_active(kFuseboxExecute)) {
     pairs.push_back({kFuseboxExecute, kEchoWindow, "Execute / echo stream (window)"});
     pairs.push_back({kFuseboxExecute, kFusebox, "Execute / fusebox unary"});
   }
   if (is_active(kFuseboxUnix)) pairs.push_back({kFuseboxUnix, kFusebox, "unix / TCP (fusebox unary)"});
-  const std::vector<Target> order = {kEchoUnary, kEchoStream, kFusebox, kEchoWindow,
+  const std::vector<Target> order = {kEchoUnary, kEchoStream, kEchoRaw, kFusebox, kEchoWindow,
                                      kFuseboxExecute, kFuseboxUnix};
   std::printf("| metric |");
   for (Target t : order) if (is_active(t)) std::printf(" %s |", kNames[t].c_str());

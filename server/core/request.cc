@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct TensorArg {
   std::vector<int64_t> shape;
   int64_t elements = 1;
   const void* data = nullptr;
+  const HostPieces* pieces = nullptr;  // the bytes as they arrived, when not in `data` alone
   int64_t bytes = 0;
   bool resident = false;
 };
@@ -79,18 +81,29 @@ absl::StatusOr<TensorArg> CheckArg(const v1::TensorRef& ref, bool present, const
   arg.shape.assign(t.shape().begin(), t.shape().end());
   arg.bytes = *bytes;
   arg.elements = *bytes / static_cast<int64_t>(ElementSize(*dtype));
-  if (static_cast<int64_t>(t.data().size()) != *bytes) {
-    return Invalid(absl::StrCat(name, ".data has ", t.data().size(), " bytes but shape ",
+  const HostPieces* pieces = ctx.payloads ? ctx.payloads->Find(&t) : nullptr;
+  int64_t have = static_cast<int64_t>(t.data().size());
+  if (pieces) {
+    have = 0;
+    for (const HostPiece& piece : *pieces) have += static_cast<int64_t>(piece.bytes);
+  }
+  if (have != *bytes) {
+    return Invalid(absl::StrCat(name, ".data has ", have, " bytes but shape ",
                                 ShapeString(t.shape()), " of ", DTypeName(*dtype), " needs ",
                                 *bytes));
   }
   arg.data = t.data().data();
+  if (pieces && !pieces->empty()) {
+    arg.data = pieces->front().data;
+    if (pieces->size() > 1) arg.pieces = pieces;
+  }
   p->bytes_in += *bytes;
   return arg;
 }
 
 void SetInput(int i, const TensorArg& a, PreparedCall* p) {
   p->call.inputs[i] = a.data;
+  p->call.input_pieces[i] = a.pieces;
   p->call.input_resident[i] = a.resident;
 }
 
@@ -184,9 +197,10 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
                      " for inline results; keep it on the server and Download it"));
   }
   if (ctx.inflight != nullptr) {
-    // The request's inline inputs, and the output where the host holds it: twice, as gRPC
-    // serializes its own copy of the reply.
-    const int64_t held = p->bytes_in + (on_host ? 2 * bytes : 0);
+    // The request's inline inputs, and the output where the host holds it: twice where gRPC
+    // serializes its own copy of the reply, once where the reply is sent from it in place.
+    const int64_t copies = !on_host ? 0 : (!keep && bytes >= kSentInPlaceBytes ? 1 : 2);
+    const int64_t held = p->bytes_in + copies * bytes;
     p->inflight = ctx.inflight->TryReserve(held, ctx.tenant);
     if (p->inflight == nullptr) return ctx.inflight->Refusal(held, ctx.tenant, "call");
   }
@@ -201,8 +215,14 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
   }
   out->set_dtype(static_cast<v1::DType>(dtype));
   for (int64_t d : shape) out->add_shape(d);
-  out->mutable_data()->resize(static_cast<size_t>(bytes));
-  p->call.output = out->mutable_data()->data();
+  if (bytes >= kSentInPlaceBytes) {
+    p->inline_output.reset(static_cast<char*>(std::malloc(static_cast<size_t>(bytes))));
+    if (!p->inline_output) throw std::bad_alloc();  // RunOp answers RESOURCE_EXHAUSTED
+    p->call.output = p->inline_output.get();
+  } else {
+    out->mutable_data()->resize(static_cast<size_t>(bytes));
+    p->call.output = out->mutable_data()->data();
+  }
   p->call.output_bytes = static_cast<size_t>(bytes);
   p->bytes_out = bytes;
   return absl::OkStatus();
@@ -429,8 +449,16 @@ absl::StatusOr<PreparedCall> PrepareMatmulRelu(const v1::MatmulReluRequest& req,
   }
   if (k == 0 && elements > 0) {  // empty products: relu(bias) or zeros
     auto* o = static_cast<uint8_t*>(TrivialOutput(&p));
+    const void* bias = p.call.inputs[2];
+    std::string joined;  // a bias that arrived in pieces, together
+    if (p.call.input_pieces[2] != nullptr) {
+      for (const HostPiece& piece : *p.call.input_pieces[2]) {
+        joined.append(static_cast<const char*>(piece.data), piece.bytes);
+      }
+      bias = joined.data();
+    }
     for (int64_t j = 0; j < n; ++j) {  // the first row, then copies of it
-      const float v = p.call.inputs[2] ? LoadAsFloat(a->dtype, p.call.inputs[2], j) : 0.0f;
+      const float v = bias ? LoadAsFloat(a->dtype, bias, j) : 0.0f;
       const float r = (v > 0 || v != v) ? v : 0.0f;  // relu, NaN kept
       StoreFromFloat(a->dtype, o, j, r);
     }

@@ -1,13 +1,18 @@
 // Turns an op request into an OpCall, or into an error the caller can act on.
 // Every check the service makes on a request lives here: dtypes, shapes, byte
 // lengths, ranks, operand agreement and size limits. On success the response's
-// output tensor is shaped and sized, and the OpCall writes straight into it
-// (no extra copy of the result on its way out).
+// output tensor is shaped, and the OpCall writes straight into its bytes: the
+// tensor's data field, or for a large result (kSentInPlaceBytes) a buffer of its
+// own that the reply sends as it is; either way no copy on its way out. Inline
+// inputs are read where they are: the message's data field, or the pieces the
+// service left them in (InlinePayloads).
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,6 +36,38 @@ struct RequestLimits {
   int stream_max_inflight = 64;
 };
 
+// A request's inline tensor bytes kept out of its parsed message (the service parses large
+// requests so: server/rpc/messages.h): by the Tensor message they belong to, the pieces that
+// hold them. Whoever fills it keeps the pieces' memory alive until the call has ended.
+class InlinePayloads {
+ public:
+  void Add(const v1::Tensor* tensor, HostPieces pieces) {
+    found_.emplace_back(tensor, std::move(pieces));
+  }
+  // `tensor`'s bytes, or null when they are in its data field as usual. The last added wins
+  // (a repeated field's last occurrence, as in parsing).
+  const HostPieces* Find(const v1::Tensor* tensor) const {
+    for (auto it = found_.rbegin(); it != found_.rend(); ++it) {
+      if (it->first == tensor) return &it->second;
+    }
+    return nullptr;
+  }
+
+ private:
+  std::vector<std::pair<const v1::Tensor*, HostPieces>> found_;  // a request has at most 3
+};
+
+// An inline result at least this large is computed into its own buffer (InlineOutput) and sent
+// from there as it is; a smaller one is written into the reply message's data field.
+constexpr int64_t kSentInPlaceBytes = int64_t{64} << 10;
+
+// Memory from malloc: an inline result's bytes, handed to gRPC to send and free (no copy into
+// the reply).
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using InlineOutput = std::unique_ptr<char, FreeDeleter>;
+
 // Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.
 struct RequestContext {
   RequestLimits limits;
@@ -38,6 +75,7 @@ struct RequestContext {
   InflightBytes* inflight = nullptr;  // null: no limit
   std::string tenant = "anonymous";
   SharedMemoryRegistry* shm = nullptr;  // null: TensorRef.shared is FAILED_PRECONDITION
+  const InlinePayloads* payloads = nullptr;  // null: every inline tensor's bytes are in its message
 };
 
 // A validated call. `trivial` means there is nothing for the backend to
@@ -53,6 +91,9 @@ struct PreparedCall {
   std::vector<std::shared_ptr<StoredTensor>> held;  // resident inputs, kept alive
   std::shared_ptr<StoredTensor> kept_output;        // commit on success
   std::shared_ptr<void> inflight;                   // the InflightBytes reservation
+  // An inline result of kSentInPlaceBytes or more: its bytes (call.output points here), for the
+  // reply to send as they are; the reply's tensor then has only its dtype and shape.
+  InlineOutput inline_output;
   // Shared-memory regions the call reads or writes, kept mapped until it ends; and, when its
   // output goes into one, the reply's description of it (has_shared_output).
   std::vector<std::shared_ptr<SharedRegion>> regions;

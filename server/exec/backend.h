@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,6 +34,14 @@ inline const char* OpName(Op op) {
 
 enum class MatmulImpl { kDefault = 0, kCublasLt = 1, kTiled = 2 };
 
+// An inline operand still in the pieces it arrived in (gRPC's receive slices): its bytes are
+// the pieces' bytes in order. The service hands these over instead of copying them together.
+struct HostPiece {
+  const void* data;
+  size_t bytes;
+};
+using HostPieces = std::vector<HostPiece>;
+
 // One op on validated, host-resident inputs. The caller keeps every buffer
 // alive until `done` runs. Output dtype is `dtype`, except RowSum's (float32).
 struct OpCall {
@@ -44,6 +53,10 @@ struct OpCall {
   int64_t rows = 0, cols = 0;
   int64_t m = 0, n = 0, k = 0;
   const void* inputs[3] = {nullptr, nullptr, nullptr};
+  // When set, input i is these pieces' bytes (inputs[i] then points at the first piece, so a
+  // present input is never null); a backend copies them into place (staging, or one host
+  // buffer for the CPU's kernels).
+  const HostPieces* input_pieces[3] = {nullptr, nullptr, nullptr};
   void* output = nullptr;
   size_t output_bytes = 0;
   bool allow_tf32 = false;

@@ -88,7 +88,7 @@ class KernelServiceImpl::ExecuteReactor final
     const int64_t arrived = SteadyNowNs();
     auto* r = new Request(this);
     grpc::ByteBuffer wire(wire_);  // for the id, should the body not parse
-    absl::Status parsed = ParseRequest(&wire_, &r->req);
+    absl::Status parsed = ParseRequest(&wire_, &r->req, &r->payloads);
     r->resp.set_id(parsed.ok() ? r->req.id() : IdOf(wire));
     wire.Clear();
     bool draining;
@@ -112,19 +112,19 @@ class KernelServiceImpl::ExecuteReactor final
     switch (q.op_case()) {
       case v1::ExecuteRequest::kGelu:
         return svc->RunOp(ctx_, arrived, caller_, absl::OkStatus(), q.gelu(),
-                          a.mutable_gelu()->mutable_output(), a.mutable_gelu()->mutable_timing(),
-                          r);
+                          &r->payloads.by_tensor, a.mutable_gelu()->mutable_output(),
+                          a.mutable_gelu()->mutable_timing(), r);
       case v1::ExecuteRequest::kSoftmax:
         return svc->RunOp(ctx_, arrived, caller_, absl::OkStatus(), q.softmax(),
-                          a.mutable_softmax()->mutable_output(),
+                          &r->payloads.by_tensor, a.mutable_softmax()->mutable_output(),
                           a.mutable_softmax()->mutable_timing(), r);
       case v1::ExecuteRequest::kRowSum:
         return svc->RunOp(ctx_, arrived, caller_, absl::OkStatus(), q.row_sum(),
-                          a.mutable_row_sum()->mutable_output(),
+                          &r->payloads.by_tensor, a.mutable_row_sum()->mutable_output(),
                           a.mutable_row_sum()->mutable_timing(), r);
       case v1::ExecuteRequest::kMatmulRelu:
         return svc->RunOp(ctx_, arrived, caller_, absl::OkStatus(), q.matmul_relu(),
-                          a.mutable_matmul_relu()->mutable_output(),
+                          &r->payloads.by_tensor, a.mutable_matmul_relu()->mutable_output(),
                           a.mutable_matmul_relu()->mutable_timing(), r);
       case v1::ExecuteRequest::OP_NOT_SET:
         break;
@@ -182,9 +182,15 @@ class KernelServiceImpl::ExecuteReactor final
       kept_tenant_ = t.tenant;
       kept_handle_ = t.handle;
     }
+    void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) override {
+      in_place_tensor_ = tensor;
+      in_place_ = std::move(data);
+      in_place_bytes_ = bytes;
+    }
     void Reply(const absl::Status& s) override { stream_->Answer(this, s); }
 
     v1::ExecuteRequest req;
+    ReceivedPayloads payloads;  // req's tensor bytes, as long as req
     v1::ExecuteResponse resp;
 
    private:
@@ -193,6 +199,9 @@ class KernelServiceImpl::ExecuteReactor final
     std::shared_ptr<void> held_;  // the op's in-flight reservation
     std::string caller_;
     std::string kept_tenant_, kept_handle_;
+    const v1::Tensor* in_place_tensor_ = nullptr;  // SendInPlace's
+    InlineOutput in_place_;
+    size_t in_place_bytes_ = 0;
   };
 
  private:
@@ -216,7 +225,10 @@ class KernelServiceImpl::ExecuteReactor final
       e->set_message(std::string(s.message()));
     }
     Outgoing o;
-    o.size = SerializeReply(r->resp, &o.bytes);
+    o.size = s.ok() && r->in_place_
+                 ? SerializeReply(r->resp, r->in_place_tensor_, std::move(r->in_place_),
+                                  r->in_place_bytes_, &o.bytes)
+                 : SerializeReply(r->resp, &o.bytes);
     if (svc_->inflight_ != nullptr) o.sending = svc_->inflight_->Sending(o.size, r->caller_);
     o.tenant = std::move(r->kept_tenant_);
     o.handle = std::move(r->kept_handle_);

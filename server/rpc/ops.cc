@@ -59,8 +59,8 @@ struct OpSpec<v1::MatmulReluRequest> {
 template <typename Req>
 void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
                               const absl::StatusOr<RequestContext>& caller, absl::Status parsed,
-                              const Req& req, v1::TensorRef* output, v1::Timing* timing,
-                              OpSink* sink) {
+                              const Req& req, const InlinePayloads* payloads,
+                              v1::TensorRef* output, v1::Timing* timing, OpSink* sink) {
   constexpr Op op = OpSpec<Req>::kOp;
   if (metrics_) metrics_->CallStarted();
   CallRecord record;
@@ -82,6 +82,8 @@ void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
         store_->Commit(p->kept_output);
         output->set_handle(p->kept_output->handle);
         sink->Kept(*p->kept_output);
+      } else if (p->inline_output) {
+        sink->SendInPlace(&output->tensor(), std::move(p->inline_output), p->call.output_bytes);
       } else if (p->has_shared_output) {
         output->mutable_shared()->Swap(&p->shared_output);
       }
@@ -106,8 +108,10 @@ void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
     prepared = parsed;
   } else {
     tenant = caller->tenant;
+    RequestContext context = *caller;
+    context.payloads = payloads;
     try {
-      prepared = OpSpec<Req>::Prepare(req, *caller, output->mutable_tensor());
+      prepared = OpSpec<Req>::Prepare(req, context, output->mutable_tensor());
     } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now
       output->Clear();
       prepared = absl::ResourceExhaustedError(
@@ -156,16 +160,16 @@ void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
 // Execute's requests reach RunOp from execute.cc.
 template void KernelServiceImpl::RunOp<v1::GeluRequest>(
     grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
-    const v1::GeluRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+    const v1::GeluRequest&, const InlinePayloads*, v1::TensorRef*, v1::Timing*, OpSink*);
 template void KernelServiceImpl::RunOp<v1::SoftmaxRequest>(
     grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
-    const v1::SoftmaxRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+    const v1::SoftmaxRequest&, const InlinePayloads*, v1::TensorRef*, v1::Timing*, OpSink*);
 template void KernelServiceImpl::RunOp<v1::RowSumRequest>(
     grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
-    const v1::RowSumRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+    const v1::RowSumRequest&, const InlinePayloads*, v1::TensorRef*, v1::Timing*, OpSink*);
 template void KernelServiceImpl::RunOp<v1::MatmulReluRequest>(
     grpc::CallbackServerContext*, int64_t, const absl::StatusOr<RequestContext>&, absl::Status,
-    const v1::MatmulReluRequest&, v1::TensorRef*, v1::Timing*, OpSink*);
+    const v1::MatmulReluRequest&, const InlinePayloads*, v1::TensorRef*, v1::Timing*, OpSink*);
 
 template <typename Req, typename Resp>
 grpc::ServerUnaryReactor* KernelServiceImpl::UnaryOp(grpc::CallbackServerContext* ctx,
@@ -175,9 +179,10 @@ grpc::ServerUnaryReactor* KernelServiceImpl::UnaryOp(grpc::CallbackServerContext
   auto* reactor = new OpReactor(store_, &stalls_, inflight_.get(), ctx, reply);
   auto [req, resp] = reactor->Messages<Req, Resp>();
   absl::StatusOr<RequestContext> caller = Context(*ctx);
-  absl::Status parsed = caller.ok() ? ParseRequest(wire, req) : absl::OkStatus();
-  RunOp<Req>(ctx, arrived, caller, std::move(parsed), *req, resp->mutable_output(),
-             resp->mutable_timing(), reactor);
+  absl::Status parsed =
+      caller.ok() ? ParseRequest(wire, req, reactor->payloads()) : absl::OkStatus();
+  RunOp<Req>(ctx, arrived, caller, std::move(parsed), *req, &reactor->payloads()->by_tensor,
+             resp->mutable_output(), resp->mutable_timing(), reactor);
   return reactor;
 }
 

@@ -32,9 +32,15 @@ void OpReactor::Reply(const absl::Status& s) { Reply(ToGrpcStatus(s)); }
 
 void OpReactor::Reply(const grpc::Status& s) {
   int64_t bytes = 0;
-  if (s.ok()) bytes = SerializeReply(*response_, reply_);
+  if (s.ok()) {
+    bytes = in_place_ ? SerializeReply(*response_, in_place_tensor_, std::move(in_place_),
+                                       in_place_bytes_, reply_)
+                      : SerializeReply(*response_, reply_);
+  }
+  in_place_.reset();
   request_.reset();
   response_.reset();
+  payloads_ = ReceivedPayloads();
   if (inflight_ != nullptr && bytes > 0) sending_ = inflight_->Sending(bytes, caller_);
   held_.reset();
   stall_.Finishing(bytes);

@@ -150,12 +150,14 @@ class KernelServiceImpl final : public RawKernelService {
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op request to its end at sink->Reply (ops.cc): the one body of the
   // four op methods and of Execute's requests. `caller` is who calls (or why not), `parsed`
-  // whether `req` parsed; the result goes into `output` (the kernel writes an inline one in
-  // place) and `timing`. `arrived` (steady ns) is the origin of queue_us and total_us.
+  // whether `req` parsed, `payloads` where its tensor bytes stayed (ReceivedPayloads); the
+  // result goes into `output` (the kernel writes an inline one in place) and `timing`.
+  // `arrived` (steady ns) is the origin of queue_us and total_us.
   template <typename Req>
   void RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
              const absl::StatusOr<RequestContext>& caller, absl::Status parsed, const Req& req,
-             v1::TensorRef* output, v1::Timing* timing, OpSink* sink);
+             const InlinePayloads* payloads, v1::TensorRef* output, v1::Timing* timing,
+             OpSink* sink);
   // Answers an Execute request that names no op or does not parse with `s`, counted in the
   // metrics as an Execute call.
   void Refuse(OpSink* request, const absl::Status& s);

@@ -15,7 +15,9 @@
 #include "absl/status/status.h"
 #include "fusebox/v1/kernel_service.pb.h"
 #include "server/core/inflight_bytes.h"
+#include "server/core/request.h"
 #include "server/core/tensor_store.h"
+#include "server/rpc/messages.h"
 #include "server/rpc/stall_watch.h"
 
 namespace fusebox {
@@ -36,6 +38,10 @@ class OpSink {
   virtual void Hold(std::shared_ptr<void> inflight, std::string tenant) = 0;
   // The call's output was kept as `t`: free it should its reply never reach the caller.
   virtual void Kept(const StoredTensor& t) = 0;
+  // The call's inline result is `bytes` of `data`, the data of `tensor` (a Tensor in the
+  // response, its own data empty): the reply sends them from there (messages.h). At most once,
+  // before Reply with OK.
+  virtual void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) = 0;
   // Ends the call: its response (filled by RunOp) with OK, else the error alone.
   virtual void Reply(const absl::Status& s) = 0;
 };
@@ -61,6 +67,8 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
     return {req, resp};
   }
   const google::protobuf::Message& request() const { return *request_; }
+  // Where the request's tensor bytes stay (messages.h), as long as the request.
+  ReceivedPayloads* payloads() { return &payloads_; }
 
   void Kept(const StoredTensor& t) override {
     tenant_ = t.tenant;
@@ -72,6 +80,11 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
     caller_ = std::move(tenant);
   }
   bool Cancelled() const override { return cancelled_.load() || ctx_->IsCancelled(); }
+  void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) override {
+    in_place_tensor_ = tensor;
+    in_place_ = std::move(data);
+    in_place_bytes_ = bytes;
+  }
   void Reply(const absl::Status& s) override;
 
   // Sends the status, and with OK the response. The messages go first (the serialized reply
@@ -92,6 +105,10 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const reply_;
   std::unique_ptr<google::protobuf::Message> request_, response_;
+  ReceivedPayloads payloads_;
+  const v1::Tensor* in_place_tensor_ = nullptr;  // SendInPlace's
+  InlineOutput in_place_;
+  size_t in_place_bytes_ = 0;
   std::string tenant_, handle_;
   std::string caller_;             // whose reply it is
   std::shared_ptr<void> held_;     // the call's reservation, until Reply

@@ -826,7 +826,8 @@ std::unique_ptr<KernelService::Stub> ConnectThenPause(PausableProxy& proxy) {
   return stub;
 }
 
-// Gelu on 1 MiB inline: 1 MiB in, 1 MiB out held twice (3 MiB of the in-flight budget).
+// Gelu on 1 MiB inline: 1 MiB in, 1 MiB out (sent from where it is computed, so held once: 2 MiB
+// of the in-flight budget).
 v1::GeluRequest InlineGelu1MiB() {
   v1::GeluRequest req;
   const auto x = RandomFloats(1 << 18);
@@ -1262,8 +1263,8 @@ TEST_F(ServiceTest, CallsOneAfterAnotherEachFitAloneNearTheInflightLimit) {
   ServerOptions o;
   o.inflight_bytes = 4 << 20;
   StartServer(o);
-  const v1::GeluRequest near = InlineGelu1MiB();  // 1 MiB in, 1 MiB out twice: 3 MiB of 4
-  v1::GeluRequest past = KeptGelu(1 << 19);       // 2 MiB in, 2 MiB out twice: 6 MiB
+  const v1::GeluRequest near = InlineGelu1MiB();  // 1 MiB in, 1 MiB out: 2 MiB of 4
+  v1::GeluRequest past = KeptGelu(3 << 18);       // 3 MiB in, 3 MiB out: 6 MiB
   past.clear_output_options();
   int refused = 0;
   for (int i = 0; i < 300; ++i) {
@@ -1988,7 +1989,7 @@ TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthe
   KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, limits);
   LoopbackServer loopback(&service);
   ASSERT_TRUE(loopback.ok());
-  v1::GeluRequest inline_gelu = KeptGelu(1000);  // 4000 bytes in, 4000 out inline (twice)
+  v1::GeluRequest inline_gelu = KeptGelu(1000);  // 4000 bytes in, 4000 out inline (twice: small)
   inline_gelu.clear_output_options();
 
   grpc::ClientContext c1;

@@ -9,7 +9,8 @@
 #            backend's tests (fusebox_gpu_cuda_backend_test, which loads the module next to it
 #            or FUSEBOX_CUDA_MODULE: with BASELINE, base/'s shows whether a new test fails there),
 #            and tools/soak.py (on the device: python3 .bundle-e2e/bin/soak.py --build_dir
-#            .bundle-e2e/bin --server_bin .bundle-e2e/bin/fusebox-server --server_arg=--backend=cuda)
+#            .bundle-e2e/bin --server_bin .bundle-e2e/bin/fusebox-server --server_arg=--backend=cuda),
+#            and the RPC floor: fusebox-rpc-echo with bench/rpc/run_bench.sh (rpc_floor_device.sh)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
 # BASELINE=<rev> also builds that revision (in a worktree under build-base/) for an A/B of two
@@ -28,7 +29,7 @@ declare -A targets=(
   [matmul]="fusebox_gpu_matmul_test fusebox_gpu_cuda_backend_test fusebox_cuda_backend matmul_bench fusebox_matmul_capi"
   [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
          fusebox_metrics_bench fusebox-rpc-bench fusebox_gpu_cuda_backend_test
-         fusebox_gpu_shared_memory_test fusebox_gpu_ipc_exporter fusebox-perf"
+         fusebox_gpu_shared_memory_test fusebox_gpu_ipc_exporter fusebox-perf fusebox-rpc-echo"
 )
 declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
@@ -44,7 +45,8 @@ declare -A files=(
          $b/bench/rpc/fusebox-rpc-bench $b/python tests/metrics/gpu_metrics_check.py bench/e2e/run_e2e.sh
          $b/tests/gpu/fusebox_gpu_cuda_backend_test tools/gpu/ab_servers.sh tools/soak.py
          $b/tests/gpu/fusebox_gpu_shared_memory_test $b/tests/gpu/fusebox_gpu_ipc_exporter
-         $b/client/fusebox-perf"
+         $b/client/fusebox-perf $b/bench/rpc/fusebox-rpc-echo bench/rpc/run_bench.sh
+         tools/gpu/rpc_floor_device.sh"
 )
 c=$(git rev-parse --short HEAD)
 declare -A command=(

@@ -726,14 +726,14 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
       dev_in[i] = c.inputs[i];
     } else {
       dev_in[i] = at(offsets[i]);
-      spans[nspans++] = HostSpan{c.inputs[i], at(offsets[i]), sizes->in[i]};
+      spans[nspans++] = HostSpan{c.inputs[i], at(offsets[i]), sizes->in[i], c.input_pieces[i]};
     }
   }
   // Pinned shared memory is copied by one DMA each way; pageable memory goes through staging.
   HostSpan direct_in[3];
   int ndirect = 0;
   for (int i = 0; i < nspans;) {
-    if (direct_->Contains(spans[i].host, spans[i].bytes)) {
+    if (spans[i].pieces == nullptr && direct_->Contains(spans[i].host, spans[i].bytes)) {
       direct_in[ndirect++] = spans[i];
       spans[i] = spans[--nspans];
     } else {

@@ -95,6 +95,7 @@ cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
   for (int s = 0; s < count; ++s) {
     const auto* src = static_cast<const uint8_t*>(spans[s].host);
     auto* dst = static_cast<uint8_t*>(spans[s].device);
+    size_t piece = 0, piece_off = 0;  // the next source byte, when the source is in pieces
     for (size_t off = 0; off < spans[s].bytes; off += slot_bytes_) {
       const size_t n = std::min(slot_bytes_, spans[s].bytes - off);
       // The slot's previous DMA must be done before the CPU overwrites it
@@ -102,7 +103,21 @@ cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
       cudaError_t e = cudaEventSynchronize(in_slot_ev_[slot]);
       if (e != cudaSuccess) return e;
       uint8_t* pin = pinned_in_ + slot * slot_bytes_;
-      std::memcpy(pin, src + off, n);
+      if (spans[s].pieces == nullptr) {
+        std::memcpy(pin, src + off, n);
+      } else {
+        const HostPieces& pieces = *spans[s].pieces;
+        for (size_t filled = 0; filled < n;) {
+          if (piece >= pieces.size()) return cudaErrorInvalidValue;  // fewer bytes than said
+          const size_t k = std::min(n - filled, pieces[piece].bytes - piece_off);
+          std::memcpy(pin + filled, static_cast<const uint8_t*>(pieces[piece].data) + piece_off, k);
+          filled += k;
+          if ((piece_off += k) == pieces[piece].bytes) {
+            ++piece;
+            piece_off = 0;
+          }
+        }
+      }
       if ((e = cudaMemcpyAsync(dst + off, pin, n, cudaMemcpyHostToDevice, stream_)) != cudaSuccess ||
           (e = cudaEventRecord(in_slot_ev_[slot], stream_)) != cudaSuccess) {
         return e;

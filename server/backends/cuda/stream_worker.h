@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cuda/matmul.h"
+#include "server/exec/backend.h"
 
 namespace fusebox::cuda_backend {
 
@@ -36,6 +37,9 @@ struct HostSpan {
   const void* host;  // source (in) or destination (out)
   void* device;
   size_t bytes;
+  // In only: when set, the source is these pieces in order, not `host` (a request's bytes as
+  // they arrived); each staging slot is filled from as many pieces as it takes.
+  const HostPieces* pieces = nullptr;
 };
 
 class StreamWorker {
