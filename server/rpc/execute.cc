@@ -229,6 +229,12 @@ class KernelServiceImpl::ExecuteReactor final
                  ? SerializeReply(r->resp, r->in_place_tensor_, std::move(r->in_place_),
                                   r->in_place_bytes_, &o.bytes)
                  : SerializeReply(r->resp, &o.bytes);
+    if (o.size < 0) {  // a bug: this request's answer is an error of its own
+      r->resp.clear_result();
+      r->resp.mutable_error()->set_code(static_cast<int>(absl::StatusCode::kInternal));
+      r->resp.mutable_error()->set_message("the reply could not be built");
+      o.size = SerializeReply(r->resp, &o.bytes);
+    }
     if (svc_->inflight_ != nullptr) o.sending = svc_->inflight_->Sending(o.size, r->caller_);
     o.tenant = std::move(r->kept_tenant_);
     o.handle = std::move(r->kept_handle_);

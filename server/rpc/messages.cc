@@ -260,18 +260,21 @@ int64_t SerializeReply(const google::protobuf::Message& msg, grpc::ByteBuffer* w
   return static_cast<int64_t>(wire->Length());
 }
 
-int64_t SerializeReply(const google::protobuf::Message& msg, const v1::Tensor* tensor,
-                       InlineOutput data, size_t bytes, grpc::ByteBuffer* wire) {
+int64_t SerializeReply(const google::protobuf::Message& msg,
+                       const google::protobuf::Message* holder, int field, InlineOutput data,
+                       size_t bytes, grpc::ByteBuffer* wire) {
   std::vector<std::pair<const Message*, const FieldDescriptor*>> chain;
-  if (!ChainTo(msg, tensor, &chain) || !tensor->data().empty()) {
-    // Not a reply built by the service (a bug): send what it holds, plain.
-    return SerializeReply(msg, wire);
+  const FieldDescriptor* fd = holder->GetDescriptor()->FindFieldByNumber(field);
+  if (fd == nullptr || fd->type() != FieldDescriptor::TYPE_BYTES || fd->is_repeated() ||
+      !holder->GetReflection()->GetString(*holder, fd).empty() || !ChainTo(msg, holder, &chain)) {
+    wire->Clear();  // a reply the service built wrongly: a bug, never the client's doing
+    return -1;
   }
   // Fields may come in any order and a message field's pieces merge, so each level is its other
   // fields, then the field leading down; the innermost ends with data's key and length, and the
   // bytes follow as a slice of their own.
-  std::string head = tensor->SerializeAsString();
-  AppendDelimitedKey(&head, v1::Tensor::kDataFieldNumber, bytes);
+  std::string head = holder->SerializeAsString();
+  AppendDelimitedKey(&head, field, bytes);
   for (auto level = chain.rbegin(); level != chain.rend(); ++level) {
     std::unique_ptr<Message> rest(level->first->New());
     rest->CopyFrom(*level->first);

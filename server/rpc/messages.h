@@ -15,6 +15,7 @@
 #include <grpcpp/support/slice.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,9 +43,17 @@ absl::Status ParseRequest(const grpc::ByteBuffer* wire, google::protobuf::Messag
 // Serializes `msg` into `wire`, what gRPC sends; returns the bytes it holds.
 int64_t SerializeReply(const google::protobuf::Message& msg, grpc::ByteBuffer* wire);
 
-// The same, with `data` (`bytes` long) as the data field of `tensor`, a Tensor inside `msg` whose
-// own data field is empty: sent from where it is, and freed by gRPC once sent.
-int64_t SerializeReply(const google::protobuf::Message& msg, const v1::Tensor* tensor,
-                       InlineOutput data, size_t bytes, grpc::ByteBuffer* wire);
+// The same, with `data` (`bytes` long) as bytes field number `field` of `holder` (`msg` itself or
+// a message inside it), which is empty in `msg`: sent from where it is, and freed by gRPC once
+// sent. -1 (and nothing in `wire`) when `holder` is not such a message in `msg`: a bug, answered
+// INTERNAL by the caller.
+int64_t SerializeReply(const google::protobuf::Message& msg,
+                       const google::protobuf::Message* holder, int field, InlineOutput data,
+                       size_t bytes, grpc::ByteBuffer* wire);
+// An op's inline result: the data field of `tensor`, a Tensor inside `msg`.
+inline int64_t SerializeReply(const google::protobuf::Message& msg, const v1::Tensor* tensor,
+                              InlineOutput data, size_t bytes, grpc::ByteBuffer* wire) {
+  return SerializeReply(msg, tensor, v1::Tensor::kDataFieldNumber, std::move(data), bytes, wire);
+}
 
 }  // namespace fusebox

@@ -36,6 +36,7 @@ void OpReactor::Reply(const grpc::Status& s) {
     bytes = in_place_ ? SerializeReply(*response_, in_place_tensor_, std::move(in_place_),
                                        in_place_bytes_, reply_)
                       : SerializeReply(*response_, reply_);
+    if (bytes < 0) return Reply(grpc::Status(grpc::StatusCode::INTERNAL, "the reply could not be built"));
   }
   in_place_.reset();
   request_.reset();

@@ -286,8 +286,16 @@ TEST_F(RangedTransferTest, AStalledWriteIsCancelledAndItsRangesDoNotCount) {
   grpc::Status s = Commit(id);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_NE(s.error_message().find("missing 4000 of"), std::string::npos) << s.error_message();
-  // Its range is free to be written again.
-  EXPECT_TRUE(Write(id, {{0, std::string(4000, 'y')}}).ok());
+  // Its range is free to be written again once the server's side of the stream has ended too,
+  // which may be a moment after the client saw it end: until then the range is refused as
+  // being written by another write.
+  grpc::Status again;
+  for (int i = 0; i < 100; ++i) {
+    again = Write(id, {{0, std::string(4000, 'y')}});
+    if (again.ok() || again.error_message().find("another write") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(again.ok()) << again.error_message();
   EXPECT_TRUE(Commit(id).ok());
 }
 
