@@ -57,16 +57,10 @@ class InlinePayloads {
   std::vector<std::pair<const v1::Tensor*, HostPieces>> found_;  // a request has at most 3
 };
 
-// An inline result at least this large is computed into its own buffer (InlineOutput) and sent
+// An inline result at least this large is computed into its own buffer (HostBytes, from
+// Backend::AllocateHostBytes) and sent
 // from there as it is; a smaller one is written into the reply message's data field.
 constexpr int64_t kSentInPlaceBytes = int64_t{64} << 10;
-
-// Memory from malloc: an inline result's bytes, handed to gRPC to send and free (no copy into
-// the reply).
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using InlineOutput = std::unique_ptr<char, FreeDeleter>;
 
 // Who asks, and where handles resolve. Without a store, handles are UNIMPLEMENTED.
 struct RequestContext {
@@ -76,6 +70,7 @@ struct RequestContext {
   std::string tenant = "anonymous";
   SharedMemoryRegistry* shm = nullptr;  // null: TensorRef.shared is FAILED_PRECONDITION
   const InlinePayloads* payloads = nullptr;  // null: every inline tensor's bytes are in its message
+  Backend* backend = nullptr;  // where a large inline result's memory comes from; null: malloc
 };
 
 // A validated call. `trivial` means there is nothing for the backend to
@@ -93,7 +88,7 @@ struct PreparedCall {
   std::shared_ptr<void> inflight;                   // the InflightBytes reservation
   // An inline result of kSentInPlaceBytes or more: its bytes (call.output points here), for the
   // reply to send as they are; the reply's tensor then has only its dtype and shape.
-  InlineOutput inline_output;
+  HostBytes inline_output;
   // Shared-memory regions the call reads or writes, kept mapped until it ends; and, when its
   // output goes into one, the reply's description of it (has_shared_output).
   std::vector<std::shared_ptr<SharedRegion>> regions;

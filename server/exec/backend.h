@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,6 +34,22 @@ inline const char* OpName(Op op) {
 }
 
 enum class MatmulImpl { kDefault = 0, kCublasLt = 1, kTiled = 2 };
+
+// Host memory that leaves with a reply (an inline result, a download chunk): gRPC sends it from
+// where it is and frees it once sent, through its deleter, which gives it back to whoever made it
+// (std::free unless `fn` says otherwise).
+struct HostBytesFree {
+  void (*fn)(void* ctx, char* p) = nullptr;
+  void* ctx = nullptr;
+  void operator()(char* p) const {
+    if (fn != nullptr) {
+      fn(ctx, p);
+    } else {
+      std::free(p);
+    }
+  }
+};
+using HostBytes = std::unique_ptr<char, HostBytesFree>;
 
 // An inline operand still in the pieces it arrived in (gRPC's receive slices): its bytes are
 // the pieces' bytes in order. The service hands these over instead of copying them together.
@@ -137,6 +154,11 @@ class Backend {
   virtual void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) = 0;
   virtual BackendStats stats() const = 0;
 
+  // `bytes` of host memory for an inline result or a download chunk, which the backend's copies
+  // fill and gRPC then sends as it is (HostBytes); null when the host has none. The CUDA backend
+  // hands out pinned memory from a pool, filled by one DMA; the default is malloc.
+  virtual HostBytes AllocateHostBytes(size_t bytes);
+
   // Resident memory for the tensor store; out of memory is RESOURCE_EXHAUSTED. Called on
   // RPC threads: it never waits for the device (the memory is ready for every call and
   // copy submitted after it returns).
@@ -169,6 +191,10 @@ class Backend {
 
 // A backend whose kernels take every valid call (the CPU's) keeps this.
 inline absl::Status Backend::Check(const OpCall&) const { return absl::OkStatus(); }
+
+inline HostBytes Backend::AllocateHostBytes(size_t bytes) {
+  return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+}
 
 // Defaults for backends without resident memory.
 inline absl::StatusOr<std::unique_ptr<Buffer>> Backend::Allocate(size_t) {

@@ -138,7 +138,7 @@ class KernelServiceImpl::DownloadReactor final
   }
 
   struct Chunk {
-    InlineOutput data;
+    HostBytes data;
     int64_t bytes = 0;
   };
 
@@ -147,7 +147,7 @@ class KernelServiceImpl::DownloadReactor final
     tensor_->last_used_ns = SteadyNowNs();  // in use: idle expiry waits for the reader
     Chunk c;
     c.bytes = n;
-    if (n > 0) c.data.reset(static_cast<char*>(std::malloc(static_cast<size_t>(n))));
+    if (n > 0) c.data = svc_->backend_->AllocateHostBytes(static_cast<size_t>(n));
     if (n > 0 && !c.data) {
       return Copied(absl::ResourceExhaustedError(
                         "the server is out of host memory for this download; retry later"),

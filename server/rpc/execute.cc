@@ -182,7 +182,7 @@ class KernelServiceImpl::ExecuteReactor final
       kept_tenant_ = t.tenant;
       kept_handle_ = t.handle;
     }
-    void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) override {
+    void SendInPlace(const v1::Tensor* tensor, HostBytes data, size_t bytes) override {
       in_place_tensor_ = tensor;
       in_place_ = std::move(data);
       in_place_bytes_ = bytes;
@@ -200,7 +200,7 @@ class KernelServiceImpl::ExecuteReactor final
     std::string caller_;
     std::string kept_tenant_, kept_handle_;
     const v1::Tensor* in_place_tensor_ = nullptr;  // SendInPlace's
-    InlineOutput in_place_;
+    HostBytes in_place_;
     size_t in_place_bytes_ = 0;
   };
 

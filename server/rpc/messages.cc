@@ -261,7 +261,7 @@ int64_t SerializeReply(const google::protobuf::Message& msg, grpc::ByteBuffer* w
 }
 
 int64_t SerializeReply(const google::protobuf::Message& msg,
-                       const google::protobuf::Message* holder, int field, InlineOutput data,
+                       const google::protobuf::Message* holder, int field, HostBytes data,
                        size_t bytes, grpc::ByteBuffer* wire) {
   std::vector<std::pair<const Message*, const FieldDescriptor*>> chain;
   const FieldDescriptor* fd = holder->GetDescriptor()->FindFieldByNumber(field);
@@ -283,8 +283,12 @@ int64_t SerializeReply(const google::protobuf::Message& msg,
     AppendDelimitedKey(&outer, level->second->number(), head.size() + bytes);
     head = std::move(outer) + head;
   }
-  grpc::Slice slices[2] = {grpc::Slice(head),
-                           grpc::Slice(data.release(), bytes, [](void* p) { std::free(p); })};
+  // The bytes' owner travels with the slice: gRPC drops it (and so frees them) once sent.
+  char* at = data.get();
+  auto* owner = new HostBytes(std::move(data));
+  grpc::Slice slices[2] = {
+      grpc::Slice(head),
+      grpc::Slice(at, bytes, [](void* o) { delete static_cast<HostBytes*>(o); }, owner)};
   grpc::ByteBuffer out(slices, bytes > 0 ? 2 : 1);
   wire->Swap(&out);
   return static_cast<int64_t>(wire->Length());

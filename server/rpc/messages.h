@@ -48,11 +48,11 @@ int64_t SerializeReply(const google::protobuf::Message& msg, grpc::ByteBuffer* w
 // sent. -1 (and nothing in `wire`) when `holder` is not such a message in `msg`: a bug, answered
 // INTERNAL by the caller.
 int64_t SerializeReply(const google::protobuf::Message& msg,
-                       const google::protobuf::Message* holder, int field, InlineOutput data,
+                       const google::protobuf::Message* holder, int field, HostBytes data,
                        size_t bytes, grpc::ByteBuffer* wire);
 // An op's inline result: the data field of `tensor`, a Tensor inside `msg`.
 inline int64_t SerializeReply(const google::protobuf::Message& msg, const v1::Tensor* tensor,
-                              InlineOutput data, size_t bytes, grpc::ByteBuffer* wire) {
+                              HostBytes data, size_t bytes, grpc::ByteBuffer* wire) {
   return SerializeReply(msg, tensor, v1::Tensor::kDataFieldNumber, std::move(data), bytes, wire);
 }
 

@@ -110,6 +110,7 @@ void KernelServiceImpl::RunOp(grpc::CallbackServerContext* ctx, int64_t arrived,
     tenant = caller->tenant;
     RequestContext context = *caller;
     context.payloads = payloads;
+    context.backend = backend_;
     try {
       prepared = OpSpec<Req>::Prepare(req, context, output->mutable_tensor());
     } catch (const std::bad_alloc&) {  // an output buffer the host cannot give now

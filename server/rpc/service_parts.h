@@ -41,7 +41,7 @@ class OpSink {
   // The call's inline result is `bytes` of `data`, the data of `tensor` (a Tensor in the
   // response, its own data empty): the reply sends them from there (messages.h). At most once,
   // before Reply with OK.
-  virtual void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) = 0;
+  virtual void SendInPlace(const v1::Tensor* tensor, HostBytes data, size_t bytes) = 0;
   // Ends the call: its response (filled by RunOp) with OK, else the error alone.
   virtual void Reply(const absl::Status& s) = 0;
 };
@@ -80,7 +80,7 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
     caller_ = std::move(tenant);
   }
   bool Cancelled() const override { return cancelled_.load() || ctx_->IsCancelled(); }
-  void SendInPlace(const v1::Tensor* tensor, InlineOutput data, size_t bytes) override {
+  void SendInPlace(const v1::Tensor* tensor, HostBytes data, size_t bytes) override {
     in_place_tensor_ = tensor;
     in_place_ = std::move(data);
     in_place_bytes_ = bytes;
@@ -107,7 +107,7 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
   std::unique_ptr<google::protobuf::Message> request_, response_;
   ReceivedPayloads payloads_;
   const v1::Tensor* in_place_tensor_ = nullptr;  // SendInPlace's
-  InlineOutput in_place_;
+  HostBytes in_place_;
   size_t in_place_bytes_ = 0;
   std::string tenant_, handle_;
   std::string caller_;             // whose reply it is

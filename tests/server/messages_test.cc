@@ -164,8 +164,8 @@ Msg ReadBack(grpc::ByteBuffer* bb) {
   return m;
 }
 
-InlineOutput Owned(const std::string& bytes) {
-  InlineOutput out(static_cast<char*>(std::malloc(bytes.size())));
+HostBytes Owned(const std::string& bytes) {
+  HostBytes out(static_cast<char*>(std::malloc(bytes.size())));
   std::memcpy(out.get(), bytes.data(), bytes.size());
   return out;
 }

@@ -61,6 +61,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/matmul.h"
+#include "server/backends/cuda/pinned_pool.h"
 #include "server/backends/cuda/stream_worker.h"
 #include "server/backends/cuda/cuda_backend.h"
 #include "server/exec/queued_executor.h"
@@ -204,6 +205,11 @@ class CudaBackend final : public Backend {
   absl::Status Check(const OpCall& call) const override;
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override;
   BackendStats stats() const override;
+  // Pinned from PinnedPool (its copies are one DMA); malloc once the pool's cap is reached.
+  HostBytes AllocateHostBytes(size_t bytes) override {
+    return pinned_ != nullptr && !broken_.load() ? pinned_->Get(bytes)
+                                                 : HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+  }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
   void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
                    OpDone done) override;
@@ -247,6 +253,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   std::shared_ptr<Pool> pool_;
   const std::shared_ptr<DirectRanges> direct_ = std::make_shared<DirectRanges>();
+  PinnedPool* pinned_ = nullptr;  // released (not deleted) at destruction: pinned_pool.h
   std::vector<std::unique_ptr<StreamWorker>> workers_;
   std::unique_ptr<QueuedExecutor> exec_;
 
@@ -319,11 +326,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
     b->workers_.push_back(std::move(*w));
   }
   b->exec_ = std::make_unique<QueuedExecutor>("CUDA", o.streams, o.queue_capacity);
+  std::shared_ptr<DirectRanges> ranges = b->direct_;
+  b->pinned_ = PinnedPool::Create(
+      o.device, 4 * o.staging_bytes, [ranges](void* p, size_t n) { ranges->Add(p, n); },
+      [ranges](void* p) { ranges->Remove(p); });
   return b;
 }
 
 CudaBackend::~CudaBackend() {
   Shutdown();
+  if (pinned_ != nullptr) pinned_->Release();  // buffers still out keep it until they return
   // Workers exist only once their device was set up; a Create that failed before (a device
   // ordinal past the last) must not leave this thread a stale error from cudaSetDevice.
   if (!workers_.empty() && cudaSetDevice(options_.device) != cudaSuccess) cudaGetLastError();
@@ -837,7 +849,12 @@ absl::Status CudaBackend::RunRead(StreamWorker& w, void* dst, const void* src, s
   int64_t tail_ns = 0;
   cudaError_t e = OrderAfterAllocations(w);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_kernel(), w.stream());
-  if (e == cudaSuccess) e = w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
+  if (e == cudaSuccess) {  // pinned memory (a reply's, shared memory): one DMA
+    e = direct_->Contains(dst, bytes)
+            ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, w.stream())
+            : w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
+    if (e == cudaSuccess && direct_->Contains(dst, bytes)) e = cudaEventRecord(w.ev_out(), w.stream());
+  }
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
   if (e != cudaSuccess) return FailAndDrain(e, "copy from a resident tensor", w);
   t->copy_out_us = 1e3 * Elapsed(w.ev_kernel(), w.ev_out()) + tail_ns / 1e3;
