@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/rpc/auth.h"
 #include "server/exec/backend.h"
@@ -146,6 +147,14 @@ class KernelServiceImpl final : public RawKernelService {
   // client gave up, which the server cannot see (gRPC reports the call complete), so it is
   // held unclaimed: freed after the stall timeout unless a call names its handle first.
   absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
+  // RegisterSharedMemory's, UnregisterSharedMemory's and ListSharedMemory's one body
+  // (shared_memory.cc): who calls, `wire` parsed into `req`, shared memory on (else
+  // FAILED_PRECONDITION); then `answer` for the caller fills the reply and gives the status the
+  // call ends with, counted as `method`.
+  grpc::ServerUnaryReactor* AnswerShm(
+      const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+      google::protobuf::Message* req,
+      absl::FunctionRef<absl::Status(const RequestContext&)> answer);
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op request to its end at sink->Reply (ops.cc): the one body of the
