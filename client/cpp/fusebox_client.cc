@@ -835,6 +835,33 @@ class FirstError {
   std::atomic<bool> failed_{false};
 };
 
+// A ranged transfer's fan-out over its connections: one worker a connection, taking the
+// transfer's ranges in order (next) until none is left; the bytes moved (progress) and the
+// first error, which stops every worker at its next range, are shared.
+struct RangeFanOut {
+  RangeFanOut(int64_t size, int64_t range, const TransferProgress& progress)
+      : ranges((size + range - 1) / range), moved(progress, size) {}
+  // As many connections as asked, but no more than there are ranges, and at least one.
+  int Connections(int asked) const {
+    return static_cast<int>(std::min<int64_t>(asked, std::max<int64_t>(1, ranges)));
+  }
+  // Runs work(channel) on every one of `channels` at once, the first on this thread and each
+  // other on a thread of its own; returns the first error once all have ended.
+  template <typename Work>
+  absl::Status Run(const std::vector<grpc::Channel*>& channels, const Work& work) {
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < channels.size(); ++i) threads.emplace_back(work, channels[i]);
+    work(channels[0]);
+    for (auto& t : threads) t.join();
+    return error.status();
+  }
+
+  const int64_t ranges;
+  std::atomic<int64_t> next{0};
+  SharedProgress moved;
+  FirstError error;
+};
+
 }  // namespace
 
 absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int connections,
@@ -866,12 +893,8 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
     }
     id = resp.upload_id();
   }
-  const int64_t ranges = (size + range - 1) / range;
-  connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
-  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
-  std::atomic<int64_t> next{0};
-  SharedProgress shared(progress, size);
-  FirstError error;
+  RangeFanOut fan(size, range, progress);
+  const std::vector<grpc::Channel*> channels = TransferChannels(fan.Connections(connections));
   // Each thread: one WriteUpload stream on its connection, taking the next range until none is
   // left; each message is one chunk of at most 4 MiB (gRPC's default receive limit's size),
   // encoded by hand around a slice that points at the caller's bytes: no client-side copy.
@@ -880,8 +903,8 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
   auto work = [&](grpc::Channel* channel) {
     // The first range before the stream: one that would carry no message is never opened (the
     // server refuses a WriteUpload that names no upload).
-    int64_t r = next.fetch_add(1);
-    if (r >= ranges || error.failed()) return;
+    int64_t r = fan.next.fetch_add(1);
+    if (r >= fan.ranges || fan.error.failed()) return;
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout, id);
     grpc::ByteBuffer resp;
@@ -890,7 +913,7 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
                                                                       &resp));
     constexpr int64_t kChunk = int64_t{4} << 20;
     bool open = true, first = true;
-    for (; open && !error.failed() && r < ranges; r = next.fetch_add(1)) {
+    for (; open && !fan.error.failed() && r < fan.ranges; r = fan.next.fetch_add(1)) {
       for (int64_t off = r * range, end = std::min(size, off + range); off < end;) {
         const int64_t n = std::min(kChunk, end - off);
         // WriteUploadRequest { string upload_id = 1; int64 offset = 2; bytes data = 3; }
@@ -914,19 +937,15 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
           break;
         }
         first = false;
-        shared.Add(n);
+        fan.moved.Add(n);
         off += n;
       }
     }
     writer->WritesDone();
     absl::Status st = FromGrpc(writer->Finish());
-    if (!st.ok()) error.Set(st);
+    if (!st.ok()) fan.error.Set(st);
   };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
-  work(channels[0]);
-  for (auto& t : threads) t.join();
-  absl::Status st = error.status();
+  absl::Status st = fan.Run(channels, work);
   if (st.ok()) {
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout, id);
@@ -964,18 +983,14 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
     return absl::ResourceExhaustedError(
         absl::StrCat("the tensor is ", size, " bytes: more than this client can allocate"));
   }
-  const int64_t ranges = (size + range - 1) / range;
-  connections = static_cast<int>(std::min<int64_t>(connections, std::max<int64_t>(1, ranges)));
-  const std::vector<grpc::Channel*> channels = TransferChannels(connections);
-  std::atomic<int64_t> next{0};
-  SharedProgress shared(progress, size);
-  FirstError error;
+  RangeFanOut fan(size, range, progress);
+  const std::vector<grpc::Channel*> channels = TransferChannels(fan.Connections(connections));
   // Each thread: one ranged Download at a time on its connection, each message's data copied
   // from gRPC's receive slices straight into place (no message parsed first).
   static const grpc::internal::RpcMethod kDownload("/fusebox.v1.KernelService/Download",
                                                    grpc::internal::RpcMethod::SERVER_STREAMING);
   auto work = [&](grpc::Channel* channel) {
-    for (int64_t r; !error.failed() && (r = next.fetch_add(1)) < ranges;) {
+    for (int64_t r; !fan.error.failed() && (r = fan.next.fetch_add(1)) < fan.ranges;) {
       const int64_t begin = r * range, len = std::min(range, size - begin);
       grpc::ClientContext ctx;
       Prepare(&ctx, timeout, handle);
@@ -1008,7 +1023,7 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
                   "a ranged download of ", len, " bytes at ", begin, " sent more, or bad bytes"));
             } else {
               got += static_cast<int64_t>(n);
-              shared.Add(static_cast<int64_t>(n));
+              fan.moved.Add(static_cast<int64_t>(n));
             }
           } else if (!rd.Skip(static_cast<int>(tag & 7))) {
             bad = absl::InternalError("a download message is malformed");
@@ -1023,16 +1038,12 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
                                               " carried ", got));
       }
       if (!st.ok()) {
-        error.Set(st);
+        fan.error.Set(st);
         return;
       }
     }
   };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < connections; ++i) threads.emplace_back(work, channels[i]);
-  work(channels[0]);
-  for (auto& t : threads) t.join();
-  if (absl::Status st = error.status(); !st.ok()) return st;
+  if (absl::Status st = fan.Run(channels, work); !st.ok()) return st;
   return out;
 }
 

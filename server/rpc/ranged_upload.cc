@@ -96,7 +96,7 @@ class KernelServiceImpl::WriteUploadReactor final
       Complete();
       return;
     }
-    if (absl::Status parsed = ParseRequest(&wire_, &msg_); !parsed.ok()) return Fail(parsed);
+    if (absl::Status parsed = ParseRequest(&in_.wire, &msg_); !parsed.ok()) return Fail(parsed);
     if (!writer_) {
       if (msg_.upload_id().empty()) {
         return Fail(absl::InvalidArgumentError("the first WriteUpload message names no upload_id"));
@@ -115,13 +115,7 @@ class KernelServiceImpl::WriteUploadReactor final
       Read();
       return;
     }
-    if (n > held_bytes_) {  // this message, in host memory until it is copied in
-      held_.reset();
-      auto token = svc_->ReserveTransfer(tenant_, n, "upload write", ", or send smaller messages");
-      if (!token.ok()) return Fail(token.status());
-      held_ = *std::move(token);
-      held_bytes_ = n;
-    }
+    if (auto s = svc_->HoldMessage(tenant_, n, "upload write", &in_); !s.ok()) return Fail(s);
     svc_->backend_->SubmitWrite(writer_->buffer(), static_cast<size_t>(offset), msg_.data().data(),
                                 static_cast<size_t>(n), SteadyNowNs(),
                                 [this, n](absl::Status s, const OpTiming&) {
@@ -141,7 +135,7 @@ class KernelServiceImpl::WriteUploadReactor final
   void Read() {
     const int64_t limit = svc_->limits_.max_message_bytes;
     stall_.Waiting(writer_ ? std::min(writer_->bytes() + kMessageFramingBytes, limit) : limit);
-    StartRead(&wire_);
+    StartRead(&in_.wire);
   }
 
   bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
@@ -168,26 +162,19 @@ class KernelServiceImpl::WriteUploadReactor final
     End(ToGrpcStatus(s));
   }
 
-  // No copy is in flight here: the message buffer and its budget go back before the status.
+  // No copy is in flight here.
   void End(const grpc::Status& s) {
-    svc_->RecordOther("WriteUpload", s, written_, 0);
-    msg_.Clear();
-    wire_.Clear();
-    held_.reset();
-    stall_.Finishing();
-    Finish(s);
+    svc_->EndUploadStream(this, &stall_, "WriteUpload", s, written_, &msg_, &in_);
   }
 
   KernelServiceImpl* const svc_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const reply_;
   std::string tenant_;
-  grpc::ByteBuffer wire_;       // the next message as it arrives
+  StreamMessage in_;            // the next message as it arrives, and its budget
   v1::WriteUploadRequest msg_;  // and parsed
   std::unique_ptr<PendingUploads::Writer> writer_;
   int64_t written_ = 0;
-  std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
-  int64_t held_bytes_ = 0;      // the largest message so far
   std::atomic<bool> cancelled_{false};
   StallWatch::Call stall_;  // last: leaves the watch first
 };

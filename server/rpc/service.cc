@@ -1,5 +1,6 @@
 // KernelServiceImpl's shared parts (see service.h): who is calling, the in-flight budget for
-// transfers, and the metrics of RPCs that run no op. The RPCs live one concern a file:
+// transfers (and the upload streams' message budget and end), and the metrics of RPCs that
+// run no op. The RPCs live one concern a file:
 // ops.cc (the four ops), upload.cc, download.cc, tensors.cc (FreeTensor, ListTensors).
 #include <chrono>
 #include <memory>
@@ -88,6 +89,29 @@ absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
     return absl::ResourceExhaustedError(absl::StrCat(refused.message(), advice));
   }
   return token;
+}
+
+absl::Status KernelServiceImpl::HoldMessage(const std::string& tenant, int64_t n,
+                                            const char* what, StreamMessage* m) const {
+  if (n <= m->budget_bytes) return absl::OkStatus();
+  m->budget.reset();
+  auto token = ReserveTransfer(tenant, n, what, ", or send smaller messages");
+  if (!token.ok()) return token.status();
+  m->budget = *std::move(token);
+  m->budget_bytes = n;
+  return absl::OkStatus();
+}
+
+void KernelServiceImpl::EndUploadStream(grpc::ServerReadReactor<grpc::ByteBuffer>* reactor,
+                                        StallWatch::Call* stall, const char* method,
+                                        const grpc::Status& s, int64_t written,
+                                        google::protobuf::Message* msg, StreamMessage* m) const {
+  RecordOther(method, s, written, 0);
+  msg->Clear();
+  m->wire.Clear();
+  m->budget.reset();
+  stall->Finishing();
+  reactor->Finish(s);
 }
 
 absl::Status KernelServiceImpl::BeforeCommit(const grpc::CallbackServerContext& ctx,

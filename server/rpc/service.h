@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/rpc/auth.h"
 #include "server/exec/backend.h"
@@ -139,6 +140,26 @@ class KernelServiceImpl final : public RawKernelService {
   absl::StatusOr<std::shared_ptr<void>> ReserveTransfer(const std::string& tenant, int64_t bytes,
                                                         const char* what,
                                                         const char* advice) const;
+  // What an upload stream (Upload, WriteUpload) holds of the message it is on: each stays in
+  // host memory until the backend has copied it in, so one at a time, under an in-flight
+  // reservation sized for the largest message so far.
+  struct StreamMessage {
+    grpc::ByteBuffer wire;         // the next message as it arrives
+    std::shared_ptr<void> budget;  // in-flight budget for one message of budget_bytes
+    int64_t budget_bytes = 0;      // the largest message so far
+  };
+  // Makes `m`'s budget cover a message of `n` bytes of `tenant`'s: for one larger than any
+  // before, the old reservation goes back first, then a new one is made (ReserveTransfer,
+  // naming `what`), or RESOURCE_EXHAUSTED.
+  absl::Status HoldMessage(const std::string& tenant, int64_t n, const char* what,
+                           StreamMessage* m) const;
+  // Ends an upload stream that has no copy in flight, with `s`, counted as `method` with
+  // `written` bytes in: the parsed message `msg` and `m`'s bytes and budget go back before the
+  // status does, so the client's next call finds them free; then the call leaves the stall
+  // watch (`stall`) and `reactor` finishes.
+  void EndUploadStream(grpc::ServerReadReactor<grpc::ByteBuffer>* reactor,
+                       StallWatch::Call* stall, const char* method, const grpc::Status& s,
+                       int64_t written, google::protobuf::Message* msg, StreamMessage* m) const;
   // Readies a kept output or an upload for its commit, once its call's status is OK: none
   // past the call's deadline (the server's is never before the client's: the client has given
   // up, and a handle sent now reaches no one), DEADLINE_EXCEEDED instead; and one whose reply
@@ -146,6 +167,14 @@ class KernelServiceImpl final : public RawKernelService {
   // client gave up, which the server cannot see (gRPC reports the call complete), so it is
   // held unclaimed: freed after the stall timeout unless a call names its handle first.
   absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
+  // RegisterSharedMemory's, UnregisterSharedMemory's and ListSharedMemory's one body
+  // (shared_memory.cc): who calls, `wire` parsed into `req`, shared memory on (else
+  // FAILED_PRECONDITION); then `answer` for the caller fills the reply and gives the status the
+  // call ends with, counted as `method`.
+  grpc::ServerUnaryReactor* AnswerShm(
+      const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+      google::protobuf::Message* req,
+      absl::FunctionRef<absl::Status(const RequestContext&)> answer);
   // Who is calling and where their handles resolve, or UNAUTHENTICATED.
   absl::StatusOr<RequestContext> Context(const grpc::CallbackServerContext& ctx) const;
   // Validates and runs one op request to its end at sink->Reply (ops.cc): the one body of the

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "server/rpc/messages.h"
 #include "server/rpc/service.h"
@@ -44,28 +45,40 @@ absl::Status NoRegistry() {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* KernelServiceImpl::RegisterSharedMemory(grpc::CallbackServerContext* ctx,
-                                                                  const grpc::ByteBuffer* wire,
-                                                                  grpc::ByteBuffer* reply) {
+grpc::ServerUnaryReactor* KernelServiceImpl::AnswerShm(
+    const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+    google::protobuf::Message* req, absl::FunctionRef<absl::Status(const RequestContext&)> answer) {
   StartOther();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  v1::RegisterSharedMemoryRequest req;
   absl::Status status;
   auto c = Context(*ctx);
   if (!c.ok()) {
     status = c.status();
-  } else if (status = ParseRequest(wire, &req); !status.ok()) {
+  } else if (status = ParseRequest(wire, req); !status.ok()) {
   } else if (shm_ == nullptr) {
     status = NoRegistry();
   } else {
+    status = answer(*c);
+  }
+  const grpc::Status s = ToGrpcStatus(status);
+  RecordOther(method, s, 0, 0);
+  reactor->Finish(s);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KernelServiceImpl::RegisterSharedMemory(grpc::CallbackServerContext* ctx,
+                                                                  const grpc::ByteBuffer* wire,
+                                                                  grpc::ByteBuffer* reply) {
+  v1::RegisterSharedMemoryRequest req;
+  return AnswerShm("RegisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
     absl::StatusOr<std::shared_ptr<SharedRegion>> r;
     switch (req.kind_case()) {
       case v1::RegisterSharedMemoryRequest::kSystem:
-        r = shm_->RegisterSystem(c->tenant, req.name(), req.system().key(),
+        r = shm_->RegisterSystem(c.tenant, req.name(), req.system().key(),
                                  req.system().offset(), req.system().size());
         break;
       case v1::RegisterSharedMemoryRequest::kCuda:
-        r = shm_->RegisterCuda(c->tenant, req.name(), req.cuda().ipc_handle(),
+        r = shm_->RegisterCuda(c.tenant, req.name(), req.cuda().ipc_handle(),
                                req.cuda().device(), req.cuda().size());
         break;
       default:
@@ -73,75 +86,48 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RegisterSharedMemory(grpc::Callback
                 ? absl::InvalidArgumentError("set system (POSIX shared memory) or cuda (an IPC handle)")
                 : shm_->Allowed();
     }
-    if (r.ok()) {
-      v1::RegisterSharedMemoryResponse resp;
-      FillRegion(**r, resp.mutable_region());
-      SerializeReply(resp, reply);
-    } else {
-      status = r.status();
-    }
-  }
-  const grpc::Status s = ToGrpcStatus(status);
-  RecordOther("RegisterSharedMemory", s, 0, 0);
-  reactor->Finish(s);
-  return reactor;
+    if (!r.ok()) return r.status();
+    v1::RegisterSharedMemoryResponse resp;
+    FillRegion(**r, resp.mutable_region());
+    SerializeReply(resp, reply);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::UnregisterSharedMemory(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire, grpc::ByteBuffer* reply) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   v1::UnregisterSharedMemoryRequest req;
-  absl::Status status;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = c.status();
-  } else if (status = ParseRequest(wire, &req); !status.ok()) {
-  } else if (shm_ == nullptr) {
-    status = NoRegistry();
-  } else if (status = shm_->Unregister(c->tenant, req.name()); status.ok()) {
-    SerializeReply(v1::UnregisterSharedMemoryResponse(), reply);
-  }
-  const grpc::Status s = ToGrpcStatus(status);
-  RecordOther("UnregisterSharedMemory", s, 0, 0);
-  reactor->Finish(s);
-  return reactor;
+  return AnswerShm("UnregisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+    absl::Status status = shm_->Unregister(c.tenant, req.name());
+    if (status.ok()) SerializeReply(v1::UnregisterSharedMemoryResponse(), reply);
+    return status;
+  });
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::ListSharedMemory(grpc::CallbackServerContext* ctx,
                                                               const grpc::ByteBuffer* wire,
                                                               grpc::ByteBuffer* reply) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   v1::ListSharedMemoryRequest req;
-  absl::Status status;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = c.status();
-  } else if (status = ParseRequest(wire, &req); !status.ok()) {
-  } else if (shm_ == nullptr) {
-    status = NoRegistry();
-  } else if (status = shm_->Allowed(); status.ok()) {
+  return AnswerShm("ListSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+    absl::Status status = shm_->Allowed();
+    if (!status.ok()) return status;
     // A tenant holds at most --max_shm_regions_per_tenant regions: the reply stays small.
     v1::ListSharedMemoryResponse resp;
     if (!req.name().empty()) {
-      auto r = shm_->Get(c->tenant, req.name());
+      auto r = shm_->Get(c.tenant, req.name());
       if (r.ok()) FillRegion(**r, resp.add_regions());
       status = r.status();
     } else {
-      for (const auto& r : shm_->List(c->tenant)) FillRegion(*r, resp.add_regions());
+      for (const auto& r : shm_->List(c.tenant)) FillRegion(*r, resp.add_regions());
     }
     if (status.ok()) {
-      resp.set_used_bytes(shm_->TenantBytes(c->tenant));
+      resp.set_used_bytes(shm_->TenantBytes(c.tenant));
       resp.set_quota_bytes(shm_->limits().tenant_quota_bytes);
       resp.set_max_regions(shm_->limits().max_regions_per_tenant);
       SerializeReply(resp, reply);
     }
-  }
-  const grpc::Status s = ToGrpcStatus(status);
-  RecordOther("ListSharedMemory", s, 0, 0);
-  reactor->Finish(s);
-  return reactor;
+    return status;
+  });
 }
 
 }  // namespace fusebox

@@ -48,7 +48,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
       Complete();
       return;
     }
-    if (absl::Status parsed = ParseRequest(&wire_, &msg_); !parsed.ok()) return Fail(parsed);
+    if (absl::Status parsed = ParseRequest(&in_.wire, &msg_); !parsed.ok()) return Fail(parsed);
     if (!tensor_) {
       if (msg_.has_shared()) return BeginShared();
       if (auto s = Begin(); !s.ok()) return Fail(s);
@@ -66,13 +66,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
       Read();
       return;
     }
-    if (n > held_bytes_) {  // this message, in host memory until it is copied in
-      held_.reset();
-      auto token = svc_->ReserveTransfer(tenant_, n, "upload", ", or send smaller messages");
-      if (!token.ok()) return Fail(token.status());
-      held_ = *std::move(token);
-      held_bytes_ = n;
-    }
+    if (auto s = svc_->HoldMessage(tenant_, n, "upload", &in_); !s.ok()) return Fail(s);
     svc_->backend_->SubmitWrite(tensor_->buffer.get(), static_cast<size_t>(written_),
                                 msg_.data().data(), static_cast<size_t>(n), SteadyNowNs(),
                                 [this, n](absl::Status s, const OpTiming&) {
@@ -101,7 +95,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
     const int64_t limit = svc_->limits_.max_message_bytes;
     stall_.Waiting(tensor_ ? std::min(tensor_->bytes - written_ + kMessageFramingBytes, limit)
                            : limit);
-    StartRead(&wire_);
+    StartRead(&in_.wire);
   }
 
   bool Cancelled() const { return cancelled_.load() || ctx_->IsCancelled(); }
@@ -178,28 +172,20 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
     End(ToGrpcStatus(s));
   }
 
-  // No copy is in flight here: the message buffer and its budget go back before the status
-  // does, so the client's next call finds them free.
+  // No copy is in flight here.
   void End(const grpc::Status& s) {
-    svc_->RecordOther("Upload", s, written_, 0);
-    msg_.Clear();
-    wire_.Clear();
-    held_.reset();
-    stall_.Finishing();
-    Finish(s);
+    svc_->EndUploadStream(this, &stall_, "Upload", s, written_, &msg_, &in_);
   }
 
   KernelServiceImpl* const svc_;
   grpc::CallbackServerContext* const ctx_;
   grpc::ByteBuffer* const reply_;
   std::string tenant_;
-  grpc::ByteBuffer wire_;  // the next message as it arrives
+  StreamMessage in_;       // the next message as it arrives, and its budget
   v1::UploadRequest msg_;  // and parsed
   std::shared_ptr<StoredTensor> tensor_;
   int64_t written_ = 0;
   int64_t started_ns_ = 0;
-  std::shared_ptr<void> held_;  // in-flight budget for one message of held_bytes_
-  int64_t held_bytes_ = 0;      // the largest message so far
   std::atomic<bool> cancelled_{false};
   StallWatch::Call stall_;  // last: leaves the watch first
 };

@@ -35,96 +35,26 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/core/request.h"
-#include "server/server.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_server.h"
 
 namespace fusebox {
 namespace {
 
 constexpr int kMaxSteps = 48;
+constexpr char kFuzzerName[] = "ranged_upload_fuzzer";
 constexpr char kTenant[] = "anonymous";
 constexpr char kNever[] = "u00000000000000000000000000000000";
-
-#define FUZZ_CHECK(cond, ...)                                    \
-  do {                                                           \
-    if (!(cond)) {                                               \
-      std::fprintf(stderr, "ranged_upload_fuzzer: %s: ", #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                         \
-      std::fprintf(stderr, "\n");                                \
-      std::abort();                                              \
-    }                                                            \
-  } while (0)
-
-struct World {
-  std::unique_ptr<FuseboxServer> server;
-  std::unique_ptr<v1::KernelService::Stub> stub;
-
-  World() {
-    ServerOptions o;
-    o.address = "127.0.0.1:0";
-    o.backend.kind = "cpu";
-    o.backend.cpu.workers = 2;
-    o.cpu_threads = 1;
-    o.max_message_bytes = 1 << 20;
-    o.store_budget_bytes = 4 << 20;
-    o.max_tensor_bytes = 1 << 20;
-    o.inflight_bytes = 8 << 20;
-    o.idle_expiry_seconds = 0;
-    auto s = FuseboxServer::Start(o);
-    FUZZ_CHECK(s.ok(), "%s", s.status().ToString().c_str());
-    server = *std::move(s);
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
-    stub = v1::KernelService::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), args));
-  }
-};
-
-World& TheWorld() {
-  static World* w = new World();  // never destroyed: the server's threads live on
-  return *w;
-}
-
-class Reader {
- public:
-  Reader(const uint8_t* d, size_t n) : d_(d), n_(n) {}
-  bool empty() const { return i_ >= n_; }
-  uint8_t Byte() { return i_ < n_ ? d_[i_++] : 0; }
-  uint64_t Bytes(int k) {
-    uint64_t v = 0;
-    for (int j = 0; j < k; ++j) v |= uint64_t{Byte()} << (8 * j);
-    return v;
-  }
-
- private:
-  const uint8_t* d_;
-  size_t n_;
-  size_t i_ = 0;
-};
 
 char ByteAt(int64_t offset) { return static_cast<char>(offset * 131 + 7); }
 std::string Fill(int64_t offset, int64_t n) {
   std::string s(static_cast<size_t>(n), '\0');
   for (int64_t i = 0; i < n; ++i) s[static_cast<size_t>(i)] = ByteAt(offset + i);
   return s;
-}
-
-const char* CodeName(grpc::StatusCode c) {
-  switch (c) {
-    case grpc::OK: return "OK";
-    case grpc::CANCELLED: return "CANCELLED";
-    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::NOT_FOUND: return "NOT_FOUND";
-    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    default: return "another code";
-  }
 }
 
 void Expect(const grpc::Status& s, grpc::StatusCode want, const char* what) {
@@ -150,7 +80,7 @@ struct Upload {
   std::vector<int64_t> shape;
 };
 
-void Abort(World& w, std::unique_ptr<Upload>* up, const std::string& id) {
+void Abort(FuzzServer& w, std::unique_ptr<Upload>* up, const std::string& id) {
   auto ctx = Ctx();
   v1::AbortUploadRequest req;
   req.set_upload_id(id);
@@ -161,7 +91,7 @@ void Abort(World& w, std::unique_ptr<Upload>* up, const std::string& id) {
   up->reset();
 }
 
-void Create(World& w, std::unique_ptr<Upload>* up, v1::DType dtype,
+void Create(FuzzServer& w, std::unique_ptr<Upload>* up, v1::DType dtype,
             const std::vector<int64_t>& shape) {
   if (*up) Abort(w, up, (*up)->id);
   auto ctx = Ctx();
@@ -216,7 +146,7 @@ grpc::StatusCode Judge(const Upload* up, const std::vector<Range>& ranges,
   return grpc::OK;
 }
 
-void Write(World& w, Reader& in, Upload* up, bool cancel) {
+void Write(FuzzServer& w, FuzzReader& in, Upload* up, bool cancel) {
   const int64_t size = up ? up->size : 0;
   std::vector<Range> ranges(1 + in.Byte() % 4);
   for (Range& g : ranges) {
@@ -284,7 +214,7 @@ void Write(World& w, Reader& in, Upload* up, bool cancel) {
   }
 }
 
-std::string Download(World& w, const std::string& handle, int64_t offset, int64_t length,
+std::string Download(FuzzServer& w, const std::string& handle, int64_t offset, int64_t length,
                      grpc::Status* s) {
   auto ctx = Ctx();
   v1::DownloadRequest req;
@@ -299,7 +229,7 @@ std::string Download(World& w, const std::string& handle, int64_t offset, int64_
   return got;
 }
 
-void Commit(World& w, Reader& in, std::unique_ptr<Upload>* up) {
+void Commit(FuzzServer& w, FuzzReader& in, std::unique_ptr<Upload>* up) {
   auto ctx = Ctx();
   v1::CommitUploadRequest req;
   req.set_upload_id(*up ? (*up)->id : kNever);
@@ -348,7 +278,7 @@ void Commit(World& w, Reader& in, std::unique_ptr<Upload>* up) {
   up->reset();  // the id is spent
 }
 
-void Unknown(World& w) {
+void Unknown(FuzzServer& w) {
   std::unique_ptr<Upload> none;
   auto ctx = Ctx();
   v1::CommitUploadRequest req;
@@ -358,24 +288,13 @@ void Unknown(World& w) {
   Abort(w, &none, kNever);
 }
 
-void CheckStoreEmpty(World& w) {
-  TensorStore& store = w.server->store();
-  for (int i = 0; i < 1000; ++i) {
-    if (store.stats().count == 0 && store.TenantUsedBytes(kTenant) == 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  FUZZ_CHECK(false, "the store still holds %lld tensors, %lld bytes, 10 s after the script",
-             static_cast<long long>(store.stats().count),
-             static_cast<long long>(store.TenantUsedBytes(kTenant)));
-}
-
 }  // namespace
 }  // namespace fusebox
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fusebox;
-  World& w = TheWorld();
-  Reader in(data, size);
+  FuzzServer& w = TheFuzzServer(kFuzzerName);
+  FuzzReader in(data, size);
   std::unique_ptr<Upload> up;
   for (int step = 0; step < kMaxSteps && !in.empty(); ++step) {
     const uint8_t c = in.Byte();
@@ -409,6 +328,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   if (up) Abort(w, &up, up->id);
-  CheckStoreEmpty(w);
+  CheckStoreEmpty(w, kTenant, "the script");
   return 0;
 }

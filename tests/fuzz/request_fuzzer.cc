@@ -28,23 +28,15 @@
 #include "server/core/inflight_bytes.h"
 #include "server/core/request.h"
 #include "server/core/tensor_store.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace fusebox {
 namespace {
 
 constexpr int kStored = 6;
+constexpr char kFuzzerName[] = "request_fuzzer";
 constexpr char kTenant[] = "fuzz";
 constexpr int64_t kLimitBytes = int64_t{1} << 20;
-
-#define FUZZ_CHECK(cond, ...)                                  \
-  do {                                                         \
-    if (!(cond)) {                                             \
-      std::fprintf(stderr, "request_fuzzer: %s: ", #cond);     \
-      std::fprintf(stderr, __VA_ARGS__);                       \
-      std::fprintf(stderr, "\n");                              \
-      std::abort();                                            \
-    }                                                          \
-  } while (0)
 
 struct World {
   std::unique_ptr<Backend> backend = MakeCpuBackend(CpuBackendOptions{});

@@ -32,83 +32,20 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "server/core/request.h"
-#include "server/server.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_server.h"
 
 namespace fusebox {
 namespace {
 
 constexpr int kMaxCalls = 4;
 constexpr int kMaxMessages = 64;
+constexpr char kFuzzerName[] = "upload_fuzzer";
 constexpr char kTenant[] = "anonymous";
-
-#define FUZZ_CHECK(cond, ...)                              \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      std::fprintf(stderr, "upload_fuzzer: %s: ", #cond);  \
-      std::fprintf(stderr, __VA_ARGS__);                   \
-      std::fprintf(stderr, "\n");                          \
-      std::abort();                                        \
-    }                                                      \
-  } while (0)
-
-struct World {
-  std::unique_ptr<FuseboxServer> server;
-  std::unique_ptr<v1::KernelService::Stub> stub;
-
-  World() {
-    ServerOptions o;
-    o.address = "127.0.0.1:0";
-    o.backend.kind = "cpu";
-    o.backend.cpu.workers = 2;
-    o.cpu_threads = 1;
-    o.max_message_bytes = 1 << 20;
-    o.store_budget_bytes = 4 << 20;
-    o.max_tensor_bytes = 1 << 20;
-    o.inflight_bytes = 8 << 20;
-    o.idle_expiry_seconds = 0;
-    auto s = FuseboxServer::Start(o);
-    FUZZ_CHECK(s.ok(), "%s", s.status().ToString().c_str());
-    server = *std::move(s);
-    grpc::ChannelArguments args;
-    args.SetMaxSendMessageSize(-1);
-    args.SetMaxReceiveMessageSize(-1);
-    stub = v1::KernelService::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(server->port()), grpc::InsecureChannelCredentials(), args));
-  }
-};
-
-World& TheWorld() {
-  static World* w = new World();  // never destroyed: the server's threads live on
-  return *w;
-}
-
-class Reader {
- public:
-  Reader(const uint8_t* d, size_t n) : d_(d), n_(n) {}
-  bool empty() const { return i_ >= n_; }
-  uint8_t Byte() { return i_ < n_ ? d_[i_++] : 0; }
-  uint64_t Bytes(int k) {
-    uint64_t v = 0;
-    for (int j = 0; j < k; ++j) v |= uint64_t{Byte()} << (8 * j);
-    return v;
-  }
-  std::string Take(size_t k) {
-    k = std::min(k, n_ - std::min(i_, n_));
-    std::string s(reinterpret_cast<const char*>(d_ + i_), k);
-    i_ += k;
-    return s;
-  }
-
- private:
-  const uint8_t* d_;
-  size_t n_;
-  size_t i_ = 0;
-};
 
 // What the protocol says about one call, message by message (upload.cc's rules).
 struct Model {
@@ -140,29 +77,7 @@ struct Model {
   bool Ok() const { return started && !failed && static_cast<int64_t>(sent.size()) == need; }
 };
 
-const char* CodeName(grpc::StatusCode c) {
-  switch (c) {
-    case grpc::OK: return "OK";
-    case grpc::CANCELLED: return "CANCELLED";
-    case grpc::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    default: return "another code";
-  }
-}
-
-void CheckStoreEmpty(World& w) {
-  TensorStore& store = w.server->store();
-  for (int i = 0; i < 1000; ++i) {
-    if (store.stats().count == 0 && store.TenantUsedBytes(kTenant) == 0) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  FUZZ_CHECK(false, "the store still holds %lld tensors, %lld bytes, 10 s after the call",
-             static_cast<long long>(store.stats().count),
-             static_cast<long long>(store.TenantUsedBytes(kTenant)));
-}
-
-void CheckUploaded(World& w, const Model& m, const v1::UploadResponse& resp) {
+void CheckUploaded(FuzzServer& w, const Model& m, const v1::UploadResponse& resp) {
   const v1::TensorInfo& t = resp.tensor();
   FUZZ_CHECK(t.dtype() == m.dtype && t.size_bytes() == m.need &&
                  std::vector<int64_t>(t.shape().begin(), t.shape().end()) == m.shape,
@@ -190,7 +105,7 @@ void CheckUploaded(World& w, const Model& m, const v1::UploadResponse& resp) {
 }
 
 // Runs one call from the script; returns when the call has ended.
-void OneCall(World& w, Reader& in) {
+void OneCall(FuzzServer& w, FuzzReader& in) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::UploadResponse resp;
@@ -271,7 +186,7 @@ void OneCall(World& w, Reader& in) {
     FUZZ_CHECK(!s.error_message().empty(), "%s with no message", CodeName(code));
   }
   if (code == grpc::OK) CheckUploaded(w, model, resp);
-  CheckStoreEmpty(w);
+  CheckStoreEmpty(w, kTenant, "the call");
 }
 
 }  // namespace
@@ -279,8 +194,8 @@ void OneCall(World& w, Reader& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace fusebox;
-  World& w = TheWorld();
-  Reader in(data, size);
+  FuzzServer& w = TheFuzzServer(kFuzzerName);
+  FuzzReader in(data, size);
   for (int i = 0; i < kMaxCalls && !in.empty(); ++i) OneCall(w, in);
   return 0;
 }
