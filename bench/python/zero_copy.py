@@ -67,18 +67,19 @@ def old_client(rev: str, tmp: Path) -> Any:
     return importlib.import_module("fusebox_client_old")
 
 
-def start_server(binary: Path) -> "tuple[subprocess.Popen[str], str]":
+def start_server(binary: Path, log: Path) -> "tuple[subprocess.Popen[str], str]":
+    """The server, its output in ``log`` (a file: a pipe nobody reads would fill and stall it)."""
     # The server runs as it would anyway: malloc settings given to the clients are not its.
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    proc = subprocess.Popen([str(binary), "--address=127.0.0.1:0", "--backend=cpu"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    assert proc.stdout is not None
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(binary), "--address=127.0.0.1:0", "--backend=cpu"],
+                                stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.time() + 30
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        m = re.search(r"listening on (\S+)", line)
+    while time.time() < deadline and proc.poll() is None:
+        m = re.search(r"listening on (\S+)", log.read_text())
         if m:
             return proc, m.group(1)
+        time.sleep(0.05)
     proc.kill()
     raise SystemExit("the server did not say where it listens")
 
@@ -117,7 +118,8 @@ def main() -> None:
     load_start = load()
     tmp = Path(tempfile.mkdtemp(prefix="pyzc-"))
     old = old_client(args.old_rev, tmp)
-    proc, address = start_server(build / "server" / "fusebox-server")
+    server_log = tmp / "server.log"
+    proc, address = start_server(build / "server" / "fusebox-server", server_log)
     try:
         clients = {"py": fusebox_client.Client(address, timeout=120),
                    "py_view": fusebox_client.Client(address, timeout=120, copy_results=False),
@@ -153,6 +155,10 @@ def main() -> None:
                   f"; load {load()}", flush=True)
         for c in clients.values():
             c.close()
+    except BaseException:
+        print(f"the server's last lines ({server_log}):\n" +
+              "\n".join(server_log.read_text().splitlines()[-20:]), file=sys.stderr)
+        raise
     finally:
         proc.terminate()
         proc.wait(10)
