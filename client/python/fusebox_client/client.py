@@ -90,7 +90,7 @@ class Client:
 
         copy_results: an op's numpy result is copied out of the received message into a
         writable array (True), or is a read-only view of the message's bytes, with no copy
-        (False; faster for large tensors, and the view may not be aligned to its dtype). torch
+        (False: one copy fewer; the view may not be aligned to its dtype). torch
         results (output="torch") and bfloat16 widened to float32 are new memory either way."""
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
