@@ -350,3 +350,142 @@ def test_the_async_client_splits_large_transfers_too(server: Any) -> None:
     assert back == x.view(np.uint16).tobytes()
     assert seen[-1] == x.nbytes and seen == sorted(seen)
     assert opened == 2
+
+
+# --- hand-encoded requests, hand-parsed replies (_wire.py) -----------------------------------
+
+def _old_ref(x: npt.NDArray[Any], dtype: int) -> Any:
+    """A TensorRef as the generated messages build it (the client before _wire)."""
+    from fusebox.v1 import kernel_service_pb2 as pb
+    return pb.TensorRef(tensor=pb.Tensor(dtype=dtype,  # type: ignore[arg-type]
+                                         shape=list(x.shape), data=x.tobytes()))
+
+
+def test_hand_encoded_requests_are_the_bytes_protobuf_writes() -> None:
+    from fusebox.v1 import kernel_service_pb2 as pb
+    from fusebox_client._common import (SharedOutput, SharedTensor, StreamCall,
+                                        execute_request, matmul_request, unary_request,
+                                        upload_messages, write_messages, RangeQueue, Meter)
+    from fusebox_client._tensors import Wire
+    x = sample((3, 5))
+    h = np.arange(6, dtype=np.float16).reshape(2, 3)
+    empty = np.zeros((0, 4), np.float32)
+    shared = SharedTensor("r", 64, "float32", (3, 5))
+    for keep in (False, True):
+        for method, req_type in (("Gelu", pb.GeluRequest), ("Softmax", pb.SoftmaxRequest),
+                                 ("RowSum", pb.RowSumRequest)):
+            for arr, code in ((x, pb.FLOAT32), (h, pb.FLOAT16), (empty, pb.FLOAT32)):
+                want = req_type(input=_old_ref(arr, code),
+                                output_options=pb.OutputOptions(keep_on_server=keep))
+                assert unary_request(method, arr, None, keep).serialize() == \
+                    want.SerializeToString(), (method, arr.dtype, arr.shape, keep)
+        want = pb.GeluRequest(input=pb.TensorRef(handle="rep.h1"),
+                              output_options=pb.OutputOptions(keep_on_server=keep))
+        assert unary_request("Gelu", "rep.h1", None, keep).serialize() == want.SerializeToString()
+    out = SharedOutput("o", 128)
+    want = pb.GeluRequest(input=pb.TensorRef(shared=shared.message()),
+                          output_options=pb.OutputOptions(
+                              shared=pb.SharedOutput(region="o", offset=128)))
+    assert unary_request("Gelu", shared, None, False, out).serialize() == \
+        want.SerializeToString()
+    a, b, bias = sample((2, 3)), sample((3, 4)), sample((4,))
+    for args, kw in (((a, b, None), {}), ((a, b, bias), dict(allow_tf32=True, impl="tiled")),
+                     ((a, "h.b", bias), dict(keep=True)), (("h.a", b, None), {})):
+        mm = pb.MatmulReluRequest(
+            a=_old_ref(a, pb.FLOAT32) if args[0] is a else pb.TensorRef(handle="h.a"),
+            b=_old_ref(b, pb.FLOAT32) if args[1] is b else pb.TensorRef(handle="h.b"),
+            allow_tf32=bool(kw.get("allow_tf32", False)),
+            impl=2 if kw.get("impl") == "tiled" else 0,  # type: ignore[arg-type]
+            output_options=pb.OutputOptions(keep_on_server=bool(kw.get("keep", False))))
+        if args[2] is not None:
+            mm.bias.CopyFrom(_old_ref(bias, pb.FLOAT32))
+        got = matmul_request(args[0], args[1], args[2], None,
+                             bool(kw.get("allow_tf32", False)), str(kw.get("impl", "default")),
+                             bool(kw.get("keep", False)))
+        assert got.serialize() == mm.SerializeToString(), kw
+    # Execute: the op request inside, with its id (0 left out, as proto3 leaves it out).
+    for index in (0, 1, 300):
+        e = pb.ExecuteRequest(id=index)
+        e.softmax.CopyFrom(pb.SoftmaxRequest(input=_old_ref(x, pb.FLOAT32),
+                                             output_options=pb.OutputOptions()))
+        assert execute_request(index, StreamCall("softmax", (x,))) == e.SerializeToString()
+    # Uploads: the data field by hand, each chunk a slice of the array.
+    w = Wire(pb.FLOAT32, (3, 5), x)
+    meter = Meter(False, w.nbytes, "upload")
+    flat = x.tobytes()
+    got_chunks = list(upload_messages(w, 16, meter))
+    want_chunks = [pb.UploadRequest(dtype=pb.FLOAT32, shape=[3, 5], data=flat[:16])] + [
+        pb.UploadRequest(data=flat[i:i + 16]) for i in range(16, len(flat), 16)]
+    assert got_chunks == [m.SerializeToString() for m in want_chunks]
+    ranges = RangeQueue(w.nbytes, 32)
+    first = ranges.take()
+    assert first is not None
+    got_writes = list(write_messages("u1", w, ranges, meter, first))
+    want_writes = [pb.WriteUploadRequest(upload_id="u1", offset=0, data=flat[:32]),
+                   pb.WriteUploadRequest(offset=32, data=flat[32:])]
+    assert got_writes == [m.SerializeToString() for m in want_writes]
+
+
+def test_contiguous_inputs_are_not_copied_before_the_request_is_joined() -> None:
+    from fusebox_client._common import unary_request
+    x = sample((64, 64))
+    r = unary_request("Gelu", x, None, False)
+    views = [p for p in r.body.parts if isinstance(p, memoryview)]
+    assert len(views) == 1 and np.shares_memory(np.frombuffer(views[0], np.uint8), x)
+    # a non-contiguous input is made contiguous first (one copy), and still encodes
+    t = x.T
+    r = unary_request("Gelu", t, None, False)
+    views = [p for p in r.body.parts if isinstance(p, memoryview)]
+    assert len(views) == 1 and not np.shares_memory(np.frombuffer(views[0], np.uint8), x)
+    assert bytes(views[0]) == np.ascontiguousarray(t).tobytes()
+
+
+def test_op_replies_parse_as_protobuf_parses_them() -> None:
+    from fusebox.v1 import kernel_service_pb2 as pb
+    from fusebox_client._wire import ParseError, parse_op_response
+    timing = pb.Timing(queue_us=1.5, kernel_us=2.25, total_us=9, backend="cpu", device="cpu",
+                       stream=3, launch_us=0.5)
+    x = sample((3, 5))
+    raw = pb.GeluResponse(output=_old_ref(x, pb.FLOAT32), timing=timing).SerializeToString()
+    r = parse_op_response(raw)
+    assert (r.kind, r.dtype, r.shape) == ("tensor", pb.FLOAT32, (3, 5))
+    assert bytes(r.data) == x.tobytes() and r.timing == timing
+    # the data is a view of the received bytes, not a copy
+    assert isinstance(r.data, memoryview) and r.data.obj is raw
+    # an unpacked shape, an unknown field, and fields in another order read the same
+    tensor_body = (b"\x1a" + bytes([len(x.tobytes())]) + x.tobytes() + b"\x10\x03\x10\x05" +
+                   b"\x08\x01" + b"\xa0\x06\x07")
+    ref = b"\x0a" + bytes([len(tensor_body)]) + tensor_body
+    t = timing.SerializeToString()
+    raw2 = b"\x12" + bytes([len(t)]) + t + b"\x0a" + bytes([len(ref)]) + ref
+    r2 = parse_op_response(raw2)
+    assert (r2.kind, r2.dtype, r2.shape, bytes(r2.data)) == ("tensor", 1, (3, 5), x.tobytes())
+    assert parse_op_response(pb.RowSumResponse(
+        output=pb.TensorRef(handle="rep.x1")).SerializeToString()).handle == "rep.x1"
+    st = pb.SharedTensor(region="r", offset=8, dtype=pb.FLOAT16, shape=[2, 2])
+    s = parse_op_response(pb.MatmulReluResponse(output=pb.TensorRef(shared=st)).SerializeToString())
+    assert s.kind == "shared" and s.shared == st
+    assert parse_op_response(b"").kind is None
+    for bad in (raw[:-3], raw[:10], b"\x0a\x05\x0a", b"\x0b"):
+        with pytest.raises(ParseError):
+            parse_op_response(bad)
+
+
+def test_results_can_be_read_only_views_of_the_reply(server: Any) -> None:
+    x = sample((256, 33))
+    with Client(server.address, timeout=30, copy_results=False) as c:
+        y = c.gelu(x)
+        assert not y.flags.writeable
+        np.testing.assert_allclose(y, gelu_ref(x), rtol=1e-5, atol=1e-6)
+        out, timing = c.softmax(x, return_timing=True)
+        assert timing.total_us > 0 and not out.flags.writeable
+        bits = c.gelu(x, dtype="bfloat16", bf16_output="bits")
+        assert bits.dtype == np.uint16 and not bits.flags.writeable
+        wide = c.gelu(x, dtype="bfloat16")  # widened to float32: new memory
+        assert wide.dtype == np.float32 and wide.flags.writeable
+        with c.gelu(x, keep=True) as h:
+            np.testing.assert_array_equal(c.download(h), y)
+    with Client(server.address, timeout=30) as c:
+        z = c.gelu(x)
+        assert z.flags.writeable and z.flags.aligned
+        np.testing.assert_array_equal(z, y)

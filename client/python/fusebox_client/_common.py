@@ -20,6 +20,7 @@ from fusebox.v1 import kernel_service_pb2 as pb
 
 from ._tensors import (Bf16Output, DTypeArg, NDArray, OutputKind, Wire, decode, dtype_name,
                        element_bytes, to_wire)
+from ._wire import key, message, OpReply, Pieces, tensor_ref, varint
 
 DEFAULT_SERVER = "localhost:50051"
 SERVICE = "/fusebox.v1.KernelService/"
@@ -332,23 +333,34 @@ class Meter:
 
 # --- transfers -------------------------------------------------------------------------------
 
-def upload_messages(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
-    """The one place an upload is cut into messages: the header with the first chunk, then one
-    message per chunk, each sliced from the caller's bytes (a chunk's copy, never the tensor's).
+def upload_messages(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[bytes]:
+    """The one place an upload is cut into messages (serialized UploadRequests): the header
+    with the first chunk, then one message per chunk, each sliced from the caller's bytes and
+    copied once, into its message (a chunk's copy, never the tensor's).
     Parallel or zero-copy transfers belong here. A bad chunk size raises here, before any call."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be > 0, not {chunk_bytes}")
     return _chunks(w, chunk_bytes, meter)
 
 
-def _chunks(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[pb.UploadRequest]:
+def _with_data(head: bytes, field: int, chunk: memoryview) -> bytes:
+    """A message's other fields (serialized, all numbered below ``field``) and then ``chunk``
+    as the bytes field ``field``: the chunk copied once, into the message."""
+    if not len(chunk):
+        return head
+    return b"".join((head, key(field, 2), varint(len(chunk)), chunk))
+
+
+def _chunks(w: Wire, chunk_bytes: int, meter: Meter) -> Iterator[bytes]:
+    """UploadRequest messages, serialized: {dtype, shape, data} then {data}..."""
     data = w.data()
     first = data[:chunk_bytes]
-    yield pb.UploadRequest(dtype=w.dtype, shape=list(w.shape), data=first.tobytes())
+    yield _with_data(pb.UploadRequest(dtype=w.dtype, shape=list(w.shape)).SerializeToString(),
+                     3, first)
     meter.add(len(first))
     for off in range(chunk_bytes, len(data), chunk_bytes):
         chunk = data[off:off + chunk_bytes]
-        yield pb.UploadRequest(data=chunk.tobytes())
+        yield _with_data(b"", 3, chunk)
         meter.add(len(chunk))
 
 
@@ -382,7 +394,7 @@ class RangeQueue:
 
 
 def write_messages(upload_id: str, w: Wire, ranges: RangeQueue, meter: Meter,
-                   first_range: Tuple[int, int]) -> Iterator[pb.WriteUploadRequest]:
+                   first_range: Tuple[int, int]) -> Iterator[bytes]:
     """One WriteUpload stream's messages: first_range (taken before the stream opens: the
     server refuses a stream with no message), then the next range until none is left, in
     chunks sliced from the caller's bytes (a chunk's copy, never the tensor's); the first
@@ -393,8 +405,8 @@ def write_messages(upload_id: str, w: Wire, ranges: RangeQueue, meter: Meter,
     while r is not None:
         for off in range(r[0], r[1], TRANSFER_CHUNK_BYTES):
             chunk = data[off:min(r[1], off + TRANSFER_CHUNK_BYTES)]
-            yield pb.WriteUploadRequest(upload_id=upload_id if first else "", offset=off,
-                                        data=chunk.tobytes())
+            yield _with_data(pb.WriteUploadRequest(upload_id=upload_id if first else "",
+                                                   offset=off).SerializeToString(), 3, chunk)
             first = False
             meter.add(len(chunk))
         r = ranges.take()
@@ -483,25 +495,48 @@ class DownloadAssembly:
 
 class Request:
     """An op request with what the call needs to know about it: the handles it names (for
-    per-call metadata) and its inline bytes (for the message limit and error hints)."""
+    per-call metadata) and its inline bytes (for the message limit and error hints).
 
-    def __init__(self, method: str, message: Any) -> None:
+    The request is hand-encoded in ``body`` (see _wire): inline tensors stay references to
+    the caller's arrays until ``serialize`` joins the pieces, the one copy of their bytes on
+    this side of gRPC. A generated ``message`` given instead is sent as it is."""
+
+    def __init__(self, method: str, message: Any = None) -> None:
         self.method = method
         self.message = message
+        self.body = Pieces()
         self.handles: List[str] = []
         self.inline_bytes = 0
 
-    def ref(self, x: Any, dtype: DTypeArg) -> pb.TensorRef:
+    def ref(self, x: Any, dtype: DTypeArg) -> Tuple[Pieces, Optional[int]]:
+        """x as a TensorRef's pieces, and the wire dtype when it is inline."""
         if isinstance(x, SharedTensor):
-            return pb.TensorRef(shared=x.message())
+            return message(pb.TensorRef(shared=x.message())), None
         if isinstance(x, (Handle, str)):
             hid = handle_id(x)
             self.handles.append(hid)
-            return pb.TensorRef(handle=hid)
+            return message(pb.TensorRef(handle=hid)), None
         w = to_wire(x, dtype)
         self.inline_bytes += w.nbytes
-        return pb.TensorRef(tensor=pb.Tensor(dtype=w.dtype, shape=list(w.shape),
-                                             data=w.data().tobytes()))
+        return tensor_ref(w.dtype, w.shape, w.data()), int(w.dtype)
+
+    def pieces(self) -> Pieces:
+        return message(self.message) if self.message is not None else self.body
+
+    def serialize(self) -> bytes:
+        if self.message is not None:
+            data: bytes = self.message.SerializeToString()
+            return data
+        return self.body.join()
+
+
+def serialize_request(r: Request) -> bytes:
+    """The op RPCs' request_serializer."""
+    return r.serialize()
+
+
+# The op RPCs: Requests in, OpReplies out (parse_op_response).
+OP_METHODS = ("Gelu", "Softmax", "RowSum", "MatmulRelu")
 
 
 REQUESTS: Dict[str, Any] = {
@@ -532,34 +567,41 @@ def output_options(keep: bool, out: Optional["SharedOutput"]) -> pb.OutputOption
 
 def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool,
                   out: Optional["SharedOutput"] = None) -> Request:
-    req_type = REQUESTS[method][0]
-    r = Request(method, None)
-    r.message = req_type(input=r.ref(x, dtype), output_options=output_options(keep, out))
+    """{input = 1, output_options = 15}, as GeluRequest, SoftmaxRequest and RowSumRequest
+    are."""
+    if method not in ("Gelu", "Softmax", "RowSum"):
+        raise ValueError(f"{method} is not a one-input op")
+    r = Request(method)
+    ref, _ = r.ref(x, dtype)
+    r.body.field(1, ref).field(15, message(output_options(keep, out)))
     return r
 
 
 def matmul_request(a: Any, b: Any, bias: Any, dtype: DTypeArg, allow_tf32: bool,
                    impl: Union[int, str], keep: bool,
                    out: Optional["SharedOutput"] = None) -> Request:
-    r = Request("MatmulRelu", None)
-    ra = r.ref(a, dtype)
+    r = Request("MatmulRelu")
+    ra, a_dtype = r.ref(a, dtype)
     want = dtype
-    if want is None and ra.HasField("tensor"):  # b and bias follow a's dtype
-        want = dtype_name(ra.tensor.dtype)
+    if want is None and a_dtype is not None:  # b and bias follow a's dtype
+        want = dtype_name(a_dtype)
     impl_value = cast("pb.MatmulImpl", _IMPLS[impl] if isinstance(impl, str)
                       else int(impl))
-    msg = pb.MatmulReluRequest(a=ra, b=r.ref(b, want), allow_tf32=allow_tf32, impl=impl_value,
-                               output_options=output_options(keep, out))
+    r.body.field(1, ra).field(2, r.ref(b, want)[0])
     if bias is not None:
-        msg.bias.CopyFrom(r.ref(bias, want))
-    r.message = msg
+        r.body.field(3, r.ref(bias, want)[0])
+    # The rest (fields 4, 5 and 15) after a, b and bias, as protobuf orders them.
+    r.body.add(pb.MatmulReluRequest(allow_tf32=allow_tf32, impl=impl_value,
+                                    output_options=output_options(keep, out)
+                                    ).SerializeToString())
     return r
 
 
 # --- Execute: op calls on one stream ----------------------------------------------------------
 
-_EXECUTE_FIELDS = {"gelu": "gelu", "softmax": "softmax", "rowsum": "row_sum",
-                   "matmul_relu": "matmul_relu"}
+# ExecuteRequest {uint64 id = 1; oneof op {gelu = 2; softmax = 3; row_sum = 4;
+# matmul_relu = 5}}
+_EXECUTE_FIELDS = {"gelu": 2, "softmax": 3, "rowsum": 4, "matmul_relu": 5}
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
@@ -588,8 +630,9 @@ class StreamResult:
     error: Optional[FuseboxError]
 
 
-def execute_request(index: int, call: StreamCall) -> pb.ExecuteRequest:
-    """The ExecuteRequest of call number ``index``; ValueError for an op it does not know."""
+def execute_request(index: int, call: StreamCall) -> bytes:
+    """The ExecuteRequest of call number ``index``, serialized (its inline tensors copied once,
+    here); ValueError for an op it does not know."""
     field = _EXECUTE_FIELDS.get(call.op)
     if field is None:
         raise ValueError(f"unknown op {call.op!r}: gelu, softmax, rowsum or matmul_relu")
@@ -604,13 +647,14 @@ def execute_request(index: int, call: StreamCall) -> pb.ExecuteRequest:
             raise ValueError(f"{call.op} takes one input")
         r = unary_request({"gelu": "Gelu", "softmax": "Softmax", "rowsum": "RowSum"}[call.op],
                           call.inputs[0], call.dtype, call.keep)
-    req = pb.ExecuteRequest(id=index)
-    getattr(req, field).CopyFrom(r.message)
-    return req
+    req = Pieces()
+    if index:
+        req.add(key(1, 0) + varint(index))
+    return req.field(field, r.pieces()).join()
 
 
 def stream_result(resp: pb.ExecuteResponse, rpc_us: float, freer: Freer, output: OutputKind,
-                  bf16_output: Bf16Output) -> StreamResult:
+                  bf16_output: Bf16Output, copy: bool = True) -> StreamResult:
     """An ExecuteResponse as a StreamResult; ``rpc_us`` runs from the call's send."""
     which = resp.WhichOneof("result")
     if which is None:
@@ -619,27 +663,29 @@ def stream_result(resp: pb.ExecuteResponse, rpc_us: float, freer: Freer, output:
     if which == "error":
         code = _CODES.get(resp.error.code, grpc.StatusCode.UNKNOWN)
         return StreamResult(resp.id, None, None, FuseboxError(code, resp.error.message))
-    value, timing = op_result(getattr(resp, which), rpc_us, freer, output, bf16_output, True)
+    value, timing = op_result(getattr(resp, which), rpc_us, freer, output, bf16_output, True,
+                              copy)
     return StreamResult(resp.id, value, timing, None)
 
 
 def op_result(resp: Any, rpc_us: float, freer: Freer, output: OutputKind,
-              bf16_output: Bf16Output, return_timing: bool) -> Any:
-    """An op's reply as what the caller asked for: an array / tensor, or an owned Handle;
-    with its Timing when return_timing."""
+              bf16_output: Bf16Output, return_timing: bool, copy: bool = True) -> Any:
+    """An op's reply (an OpReply, or a generated op response) as what the caller asked for: an
+    array / tensor, or an owned Handle; with its Timing when return_timing. copy=False: a numpy
+    result is a read-only view of the received bytes (see decode)."""
+    r = resp if isinstance(resp, OpReply) else OpReply.from_message(resp)
     out: Any
-    if resp.output.HasField("handle"):
-        out = Handle(resp.output.handle, _freer=freer)
-    elif resp.output.HasField("shared"):
-        out = SharedTensor.from_message(resp.output.shared)
-    elif resp.output.HasField("tensor"):
-        t = resp.output.tensor
-        out = decode(t.dtype, tuple(t.shape), t.data, output=output, bf16_output=bf16_output)
+    if r.kind == "handle":
+        out = Handle(r.handle, _freer=freer)
+    elif r.kind == "shared" and r.shared is not None:
+        out = SharedTensor.from_message(r.shared)
+    elif r.kind == "tensor":
+        out = decode(r.dtype, r.shape, r.data, output=output, bf16_output=bf16_output, copy=copy)
     else:
         raise FuseboxError(grpc.StatusCode.INTERNAL, "response has no output")
     if not return_timing:
         return out
-    t = resp.timing
+    t = r.timing
     return out, Timing(queue_us=t.queue_us, copy_in_us=t.copy_in_us, kernel_us=t.kernel_us,
                        copy_out_us=t.copy_out_us, total_us=t.total_us, backend=t.backend,
                        device=t.device, stream=t.stream, rpc_us=rpc_us, launch_us=t.launch_us)
@@ -676,15 +722,6 @@ def now() -> float:
 
 HEALTH = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
 HEALTH_METHOD = "/grpc.health.v1.Health/Check"
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def health_request(service: str) -> bytes:
@@ -808,9 +845,9 @@ def register_ipc_request(name: str, ipc_handle: bytes, device: int, size: int
         name=name, cuda=pb.CudaSharedMemory(ipc_handle=ipc_handle, device=device, size=size))
 
 
-def shared_upload_messages(t: SharedTensor) -> Iterator[pb.UploadRequest]:
+def shared_upload_messages(t: SharedTensor) -> Iterator[bytes]:
     """An upload whose bytes the server reads from a region: one message, no data."""
-    yield pb.UploadRequest(shared=t.message())
+    yield pb.UploadRequest(shared=t.message()).SerializeToString()
 
 
 def shared_key(region: Any, offset: int, size: Optional[int]) -> Tuple[str, int]:

@@ -183,33 +183,44 @@ def to_tensor(x: Any, dtype: DTypeArg = None) -> pb.Tensor:
     return pb.Tensor(dtype=w.dtype, shape=list(w.shape), data=w.data().tobytes())
 
 
-def decode(dtype: int, shape: Tuple[int, ...], data: Union[bytes, NDArray], *,
-           output: OutputKind = "numpy", bf16_output: Bf16Output = "float32") -> Any:
+def decode(dtype: int, shape: Tuple[int, ...], data: Union[bytes, memoryview, NDArray], *,
+           output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
+           copy: bool = True) -> Any:
     """Bytes of a result -> a numpy array (bfloat16 as float32, uint16 bits or ml_dtypes'
     bfloat16) or, with output='torch', a CPU torch tensor of the same dtype (bfloat16 too).
-    ``data`` that is a writable uint8 array is used in place; bytes are copied once."""
+    ``data`` that is a uint8 array is used in place. Other bytes (a received message's) are
+    copied once into a writable array, or with copy=False not at all: the numpy array is then
+    a read-only view of them (maybe not aligned to its dtype). torch tensors and bfloat16
+    widened to float32 are always new, writable memory."""
     if output not in ("numpy", "torch"):
         raise ValueError("output must be 'numpy' or 'torch'")
     if bf16_output not in ("float32", "bits", "bfloat16"):
         raise ValueError("bf16_output must be 'float32', 'bits' or 'bfloat16'")
-    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8).copy()
+    owned = isinstance(data, np.ndarray)
+    buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+    # Copied only where the result would otherwise be a view of bytes it does not own.
+    copy = not owned and (copy or output == "torch")
     if dtype == pb.FLOAT32:
         arr = buf.view("<f4").reshape(shape)
     elif dtype == pb.FLOAT16:
         arr = buf.view("<f2").reshape(shape)
     elif dtype == pb.BFLOAT16:
         bits = buf.view("<u2").reshape(shape)
+        if output == "numpy" and bf16_output == "float32":  # a new array: no copy first
+            return bfloat16_bits_to_float(bits).reshape(shape)
+        if copy:
+            bits = bits.copy()
         if output == "torch":
             import torch  # type: ignore[import-not-found, unused-ignore]
             return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
         if bf16_output == "bits":
             return bits
-        if bf16_output == "bfloat16":
-            import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
-            return bits.view(ml_dtypes.bfloat16)
-        return bfloat16_bits_to_float(bits).reshape(shape)
+        import ml_dtypes  # type: ignore[import-not-found, unused-ignore]
+        return bits.view(ml_dtypes.bfloat16)
     else:
         raise ValueError(f"the server returned an unknown dtype {dtype}")
+    if copy:
+        arr = arr.copy()
     if output == "torch":
         import torch  # type: ignore[import-not-found, unused-ignore]
         return torch.from_numpy(arr)

@@ -19,16 +19,17 @@ from ._common import (call_metadata, channel_options, check_inline, credentials,
                       DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
                       Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
                       health_request, health_status, identity, matmul_request, Metadata, Meter,
-                      now, op_result, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
+                      now, op_result, OP_METHODS, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
                       RangedAssembly, RangeQueue, register_ipc_request, register_request, Request,
                       REQUESTS, rpc_error, SERVICE, settings, shared_key, shared_memory_info,
                       shared_op_request, shared_upload_messages, SharedMemoryInfo, SharedOutput,
                       SharedTensor, stream_result, StreamCall, StreamResult, tensor_info,
                       TensorInfo, Timing, transfer_channel_options, unary_request,
-                      upload_messages, write_messages)
+                      upload_messages, write_messages, serialize_request)
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
 from .shm import RegisteredRegion, SharedMemoryRegion
+from ._wire import parse_op_response
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
     import torch  # type: ignore[import-not-found, unused-ignore]
@@ -43,7 +44,7 @@ class AsyncClient:
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 range_bytes: int = RANGE_BYTES) -> None:
+                 range_bytes: int = RANGE_BYTES, copy_results: bool = True) -> None:
         """The arguments and their defaults are Client's."""
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
@@ -57,6 +58,7 @@ class AsyncClient:
         self.connections = connections
         self.parallel_min_bytes = parallel_min_bytes
         self.range_bytes = range_bytes
+        self.copy_results = copy_results
         self._settings = s
         self._options = channel_options(max_message_bytes, server_name)
         self.channel = self._new_channel(self._options)
@@ -64,9 +66,15 @@ class AsyncClient:
         self._unary = {name: self.channel.unary_unary(SERVICE + name,
                                                       request_serializer=req.SerializeToString,
                                                       response_deserializer=resp.FromString)
-                       for name, (req, resp) in REQUESTS.items()}
+                       for name, (req, resp) in REQUESTS.items() if name not in OP_METHODS}
+        # The op RPCs encode their requests and parse their replies by hand (_wire.py): the
+        # tensors' bytes are joined into the request once, and read in place from the reply.
+        self._ops = {name: self.channel.unary_unary(SERVICE + name,
+                                                    request_serializer=serialize_request,
+                                                    response_deserializer=parse_op_response)
+                     for name in OP_METHODS}
         self._upload = self.channel.stream_unary(
-            SERVICE + "Upload", request_serializer=pb.UploadRequest.SerializeToString,
+            SERVICE + "Upload", request_serializer=identity,
             response_deserializer=pb.UploadResponse.FromString)
         self._download = self.channel.unary_stream(
             SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
@@ -74,7 +82,7 @@ class AsyncClient:
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
         self._execute = self.channel.stream_stream(
-            SERVICE + "Execute", request_serializer=pb.ExecuteRequest.SerializeToString,
+            SERVICE + "Execute", request_serializer=identity,
             response_deserializer=pb.ExecuteResponse.FromString)
         try:
             self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
@@ -305,13 +313,13 @@ class AsyncClient:
         check_inline(req.inline_bytes, self._max_message_bytes)
         start = now()
         try:
-            resp = await self._unary[req.method](
-                req.message, timeout=self._deadline(timeout),
+            resp = await self._ops[req.method](
+                req, timeout=self._deadline(timeout),
                 metadata=call_metadata(self._metadata, req.handles))
         except grpc.RpcError as e:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
-                         return_timing)
+                         return_timing, self.copy_results)
 
     async def execute_many(self, calls: Iterable[StreamCall], *, window: int = 64,
                            output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
@@ -350,7 +358,8 @@ class AsyncClient:
                 room.release()
                 start = sent_at.pop(resp.id, None)
                 rpc_us = (now() - start) * 1e6 if start is not None else 0.0
-                yield stream_result(resp, rpc_us, self._freer, output, bf16_output)
+                yield stream_result(resp, rpc_us, self._freer, output, bf16_output,
+                                    self.copy_results)
         except grpc.RpcError as e:
             raise rpc_error(e) from None
         finally:
@@ -454,7 +463,7 @@ class AsyncClient:
         async def stream(channel: grpc.aio.Channel) -> None:
             write = channel.stream_unary(
                 SERVICE + "WriteUpload",
-                request_serializer=pb.WriteUploadRequest.SerializeToString,
+                request_serializer=identity,
                 response_deserializer=pb.WriteUploadResponse.FromString)
             first = ranges.take()
             if first is None:  # the other streams took every range: open none

@@ -39,14 +39,15 @@ from ._common import (call_metadata, channel_options, check_inline, credentials,
                       DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
                       Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
                       health_request, health_status, identity, matmul_request, Metadata, Meter,
-                      now, op_result, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
+                      now, op_result, OP_METHODS, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
                       RangedAssembly, RangeQueue, register_ipc_request, register_request,
                       replica_of, Request, REQUESTS, rpc_error, SERVICE, settings, shared_key,
                       shared_memory_info, shared_op_request, shared_upload_messages,
                       SharedMemoryInfo, SharedOutput, SharedTensor, stream_result, StreamCall,
                       StreamResult, tensor_info, TensorInfo, Timing, transfer_channel_options,
-                      unary_request, upload_messages, write_messages)
+                      unary_request, upload_messages, write_messages, serialize_request)
 from .shm import RegisteredRegion, SharedMemoryRegion
+from ._wire import parse_op_response
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
@@ -66,7 +67,7 @@ class Client:
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 range_bytes: int = RANGE_BYTES) -> None:
+                 range_bytes: int = RANGE_BYTES, copy_results: bool = True) -> None:
         """target: "host:port", "unix:/path" (default $FUSEBOX_SERVER, else localhost:50051);
         timeout: each call's deadline in seconds; max_message_bytes: this side's limit on one
         message (-1: none but protobuf's 2 GiB); token: bearer token for a server started with
@@ -85,7 +86,12 @@ class Client:
 
         Parallel transfers: an upload or download of at least parallel_min_bytes goes as byte
         ranges of range_bytes on `connections` connections at once (this client's channel and
-        others opened for transfers on first use); connections=1: one stream, always."""
+        others opened for transfers on first use); connections=1: one stream, always.
+
+        copy_results: an op's numpy result is copied out of the received message into a
+        writable array (True), or is a read-only view of the message's bytes, with no copy
+        (False: one copy fewer; the view may not be aligned to its dtype). torch
+        results (output="torch") and bfloat16 widened to float32 are new memory either way."""
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
         self.target = s.target
@@ -98,6 +104,7 @@ class Client:
         self.connections = connections
         self.parallel_min_bytes = parallel_min_bytes
         self.range_bytes = range_bytes
+        self.copy_results = copy_results
         self._settings = s
         self._options = channel_options(max_message_bytes, server_name)
         self.channel = self._new_channel(self._options)
@@ -106,9 +113,15 @@ class Client:
         self._unary = {name: self.channel.unary_unary(SERVICE + name,
                                                       request_serializer=req.SerializeToString,
                                                       response_deserializer=resp.FromString)
-                       for name, (req, resp) in REQUESTS.items()}
+                       for name, (req, resp) in REQUESTS.items() if name not in OP_METHODS}
+        # The op RPCs encode their requests and parse their replies by hand (_wire.py): the
+        # tensors' bytes are joined into the request once, and read in place from the reply.
+        self._ops = {name: self.channel.unary_unary(SERVICE + name,
+                                                    request_serializer=serialize_request,
+                                                    response_deserializer=parse_op_response)
+                     for name in OP_METHODS}
         self._upload = self.channel.stream_unary(
-            SERVICE + "Upload", request_serializer=pb.UploadRequest.SerializeToString,
+            SERVICE + "Upload", request_serializer=identity,
             response_deserializer=pb.UploadResponse.FromString)
         self._download = self.channel.unary_stream(
             SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
@@ -116,7 +129,7 @@ class Client:
         self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
                                                 response_deserializer=identity)
         self._execute = self.channel.stream_stream(
-            SERVICE + "Execute", request_serializer=pb.ExecuteRequest.SerializeToString,
+            SERVICE + "Execute", request_serializer=identity,
             response_deserializer=pb.ExecuteResponse.FromString)
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
@@ -358,12 +371,12 @@ class Client:
         check_inline(req.inline_bytes, self._max_message_bytes)
         start = now()
         try:
-            resp = self._unary[req.method](req.message, timeout=self._deadline(timeout),
+            resp = self._ops[req.method](req, timeout=self._deadline(timeout),
                                            metadata=call_metadata(self._metadata, req.handles))
         except grpc.RpcError as e:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
-                         return_timing)
+                         return_timing, self.copy_results)
 
     def execute_many(self, calls: Iterable[StreamCall], *, window: int = 64,
                      output: OutputKind = "numpy", bf16_output: Bf16Output = "float32",
@@ -383,7 +396,7 @@ class Client:
         failure: List[BaseException] = []
         stop = threading.Event()
 
-        def requests() -> Iterator[pb.ExecuteRequest]:
+        def requests() -> Iterator[bytes]:
             try:
                 for index, call in enumerate(calls):
                     while not room.acquire(timeout=0.1):
@@ -403,7 +416,8 @@ class Client:
                 room.release()
                 start = sent_at.pop(resp.id, None)
                 rpc_us = (now() - start) * 1e6 if start is not None else 0.0
-                yield stream_result(resp, rpc_us, self._freer, output, bf16_output)
+                yield stream_result(resp, rpc_us, self._freer, output, bf16_output,
+                                    self.copy_results)
         except grpc.RpcError as e:
             raise rpc_error(e) from None
         finally:
@@ -505,7 +519,7 @@ class Client:
         def stream(channel: grpc.Channel) -> None:
             write = channel.stream_unary(
                 SERVICE + "WriteUpload",
-                request_serializer=pb.WriteUploadRequest.SerializeToString,
+                request_serializer=identity,
                 response_deserializer=pb.WriteUploadResponse.FromString)
             first = ranges.take()
             if first is None:  # the other streams took every range: open none
