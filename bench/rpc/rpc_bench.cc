@@ -20,7 +20,9 @@
 // N: ranges on N connections, the client's parallel path), against fusebox-rpc-echo's Sink and
 // Source moving the same bytes as N parallel streams of 4 MiB messages on N connections. Every
 // round measures every target back to back; the report is each target's median GB/s over the
-// rounds and fusebox's ratio to the echo with the same N.
+// rounds and fusebox's ratio to the echo with the same N. Downloads are measured twice:
+// DownloadInto a buffer touched before (ranges on N connections, as the echo's client reads into
+// buffers it reuses), and Download into a new HostTensor, whose fresh pages it pays for.
 //
 // In --floor mode, with --stream_window W > 0 (the default 16), two streaming targets join the
 // floor's: fusebox's GeLU over Execute (an ExecuteStream per caller, W
@@ -499,9 +501,11 @@ int RunTransfer(const TransferOptions& o) {
   t.shape = {o.bytes / 4};
   t.data.assign(static_cast<size_t>(o.bytes / 4 * 4), '\x3f');
   const double gb = static_cast<double>(t.data.size()) / 1e9;
+  std::string dst(t.data.size(), '\0');  // DownloadInto's destination, touched once here
   std::printf("| connections | fusebox upload GB/s | echo sink GB/s | upload / sink | "
-              "fusebox download GB/s | echo source GB/s | download / source |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
+              "fusebox DownloadInto GB/s | echo source GB/s | DownloadInto / source | "
+              "fusebox Download (new HostTensor) GB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
   for (int n : o.connections) {
     fc::Client::Options copts;
@@ -519,7 +523,7 @@ int RunTransfer(const TransferOptions& o) {
       echo.push_back(fusebox::bench::Echo::NewStub(
           grpc::CreateCustomChannel(o.echo, grpc::InsecureChannelCredentials(), args)));
     }
-    std::vector<double> up, down, sink, source;
+    std::vector<double> up, down, down_new, sink, source;
     for (int r = 0; r < o.rounds; ++r) {
       auto t0 = Clock::now();
       auto info = client->Upload(t, 4 << 20, std::chrono::milliseconds(600000));
@@ -529,6 +533,19 @@ int RunTransfer(const TransferOptions& o) {
         return 1;
       }
       up.push_back(gb / Seconds(t0, t1));
+      // Into memory that was touched before (as the echo's client reads into buffers it
+      // reuses), then as a new HostTensor, whose fresh pages are part of its cost.
+      t0 = Clock::now();
+      const absl::Status into = client
+                                    ->DownloadInto(info->handle, dst.data(), dst.size(), n,
+                                                   std::chrono::milliseconds(600000))
+                                    .status();
+      t1 = Clock::now();
+      if (!into.ok()) {
+        std::fprintf(stderr, "download: %s\n", into.ToString().c_str());
+        return 1;
+      }
+      down.push_back(gb / Seconds(t0, t1));
       t0 = Clock::now();
       auto back = client->Download(info->handle, std::chrono::milliseconds(600000));
       t1 = Clock::now();
@@ -536,7 +553,7 @@ int RunTransfer(const TransferOptions& o) {
         std::fprintf(stderr, "download: %s\n", back.status().ToString().c_str());
         return 1;
       }
-      down.push_back(gb / Seconds(t0, t1));
+      down_new.push_back(gb / Seconds(t0, t1));
       back = absl::StatusOr<fc::HostTensor>();  // its memory back before the echo runs
       client->FreeTensor(info->handle).IgnoreError();
       const double s_up = EchoTransfer(echo, o.bytes, true);
@@ -550,8 +567,8 @@ int RunTransfer(const TransferOptions& o) {
     }
     const double mu = load::Percentile(up, 0.5), md = load::Percentile(down, 0.5);
     const double ms = load::Percentile(sink, 0.5), mo = load::Percentile(source, 0.5);
-    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", n, mu, ms, mu / ms, md, mo,
-                md / mo);
+    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", n, mu, ms, mu / ms, md,
+                mo, md / mo, load::Percentile(down_new, 0.5));
     std::fflush(stdout);
   }
   return 0;

@@ -113,7 +113,8 @@ if [[ "$mode" == transfer ]]; then
   echo "  prebuilt message sent again and again; generated sync stubs on the client)"
   echo "- client: \`${b[*]}\`; fusebox through fusebox_client: 1 connection is the plain"
   echo "  Upload / Download stream, N > 1 the ranged path (CreateUpload, WriteUpload per"
-  echo "  connection, CommitUpload; ranged Downloads), ranges of 8 MiB in 4 MiB messages"
+  echo "  connection, CommitUpload; ranged Downloads), ranges of 8 MiB in 4 MiB messages; downloads"
+  echo "  into a buffer touched before (DownloadInto, N connections) and into a new HostTensor"
   echo "- GB/s = tensor bytes / wall time of the whole transfer (create and commit included);"
   echo "  medians over rounds, each round every target back to back"
   echo

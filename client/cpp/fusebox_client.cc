@@ -968,8 +968,6 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
 absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int connections,
                                                   std::chrono::milliseconds timeout,
                                                   const TransferProgress& progress) {
-  if (connections <= 0) connections = std::max(1, options_.transfer_connections);
-  const int64_t range = std::max<int64_t>(1, options_.range_bytes);
   auto info = StatTensor(handle);
   if (!info.ok()) return info.status();
   HostTensor out;
@@ -983,6 +981,39 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
     return absl::ResourceExhaustedError(
         absl::StrCat("the tensor is ", size, " bytes: more than this client can allocate"));
   }
+  if (absl::Status st = DownloadRangesInto(handle, out.data.data(), size, connections, timeout,
+                                           progress);
+      !st.ok()) {
+    return st;
+  }
+  return out;
+}
+
+absl::StatusOr<TensorInfo> Client::DownloadInto(const std::string& handle, void* dst,
+                                                size_t capacity, int connections,
+                                                std::chrono::milliseconds timeout,
+                                                const TransferProgress& progress) {
+  auto info = StatTensor(handle);
+  if (!info.ok()) return info.status();
+  if (absl::Status d = CheckServerDType(info->dtype); !d.ok()) return d;
+  const int64_t size = std::max<int64_t>(0, info->size_bytes);
+  if (static_cast<uint64_t>(size) > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", handle, "' is ", size,
+                                                   " bytes; the destination holds ", capacity));
+  }
+  if (absl::Status st = DownloadRangesInto(handle, static_cast<char*>(dst), size, connections,
+                                           timeout, progress);
+      !st.ok()) {
+    return st;
+  }
+  return *info;
+}
+
+absl::Status Client::DownloadRangesInto(const std::string& handle, char* dst, int64_t size,
+                                        int connections, std::chrono::milliseconds timeout,
+                                        const TransferProgress& progress) {
+  if (connections <= 0) connections = std::max(1, options_.transfer_connections);
+  const int64_t range = std::max<int64_t>(1, options_.range_bytes);
   RangeFanOut fan(size, range, progress);
   const std::vector<grpc::Channel*> channels = TransferChannels(fan.Connections(connections));
   // Each thread: one ranged Download at a time on its connection, each message's data copied
@@ -1018,7 +1049,7 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
             bad = absl::InternalError("a download message is malformed");
           } else if (tag == 0x12) {
             if (!rd.Length(&n) || got + static_cast<int64_t>(n) > len ||
-                !rd.CopyTo(n, &out.data[static_cast<size_t>(begin + got)])) {
+                !rd.CopyTo(n, dst + begin + got)) {
               bad = absl::InternalError(absl::StrCat(
                   "a ranged download of ", len, " bytes at ", begin, " sent more, or bad bytes"));
             } else {
@@ -1043,8 +1074,7 @@ absl::StatusOr<HostTensor> Client::DownloadRanged(const std::string& handle, int
       }
     }
   };
-  if (absl::Status st = fan.Run(channels, work); !st.ok()) return st;
-  return out;
+  return fan.Run(channels, work);
 }
 
 absl::StatusOr<int64_t> Client::FreeTensor(const std::string& handle) {

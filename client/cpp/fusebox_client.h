@@ -334,6 +334,13 @@ class Client {
   absl::StatusOr<HostTensor> DownloadRanged(const std::string& handle, int connections = 0,
                                             std::chrono::milliseconds timeout = {},
                                             const TransferProgress& progress = {});
+  // A download into memory of the caller's (`capacity` bytes at `dst`, the tensor's size at
+  // most), ranged as DownloadRanged: no allocation, and no first touch of fresh pages, which
+  // for a tensor of GiBs costs more than the transfer. Returns the tensor's description.
+  absl::StatusOr<TensorInfo> DownloadInto(const std::string& handle, void* dst, size_t capacity,
+                                          int connections = 0,
+                                          std::chrono::milliseconds timeout = {},
+                                          const TransferProgress& progress = {});
   absl::StatusOr<int64_t> FreeTensor(const std::string& handle);  // bytes freed
   absl::StatusOr<TensorList> ListTensors();
   absl::StatusOr<TensorInfo> StatTensor(const std::string& handle);
@@ -379,6 +386,10 @@ class Client {
   // `n` connections: this client's own channel first, then channels made (once) for
   // transfers, each with a subchannel pool of its own so that each is a connection of its own.
   std::vector<grpc::Channel*> TransferChannels(int n);
+  // The `size` bytes of `handle` into dst, as ranges on `connections` connections.
+  absl::Status DownloadRangesInto(const std::string& handle, char* dst, int64_t size,
+                                  int connections, std::chrono::milliseconds timeout,
+                                  const TransferProgress& progress);
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
