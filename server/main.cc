@@ -39,6 +39,10 @@ ABSL_FLAG(int64_t, staging_mib, kDefaults.backend.cuda.staging_bytes >> 20,
           "CUDA backend: pinned staging per stream and direction, MiB");
 ABSL_FLAG(std::string, matmul_impl, "cublaslt",
           "CUDA backend: MatmulRelu when a request leaves impl unset: cublaslt or tiled");
+ABSL_FLAG(int64_t, run_here_kib, kDefaults.backend.cpu.run_here_bytes >> 10,
+          "a call whose inline tensors (in and out) total at most this many KiB runs on the "
+          "thread that received it when a worker/stream is free and none waits, skipping the "
+          "handoff to a worker; 0 = every call goes through the queue");
 ABSL_FLAG(int64_t, queue_capacity, 1024,
           "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
@@ -184,6 +188,11 @@ int main(int argc, char** argv) {
   o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
   o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
   o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
+  {
+    const int64_t kib = absl::GetFlag(FLAGS_run_here_kib);
+    const size_t here = kib <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(kib, int64_t{1} << 30)) << 10;
+    o.backend.cpu.run_here_bytes = o.backend.cuda.run_here_bytes = here;
+  }
   // MiB become bytes here; a value out of range (negative, or past int64 once in bytes)
   // becomes -1 (SIZE_MAX for staging), which CheckOptions refuses with the flag's range.
   constexpr int64_t kMaxMib = std::numeric_limits<int64_t>::max() >> 20;

@@ -11,17 +11,30 @@ namespace fusebox {
 QueuedExecutor::QueuedExecutor(std::string backend, int workers, size_t capacity)
     : backend_(std::move(backend)), capacity_(capacity), queue_(workers, capacity) {}
 
-void QueuedExecutor::Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation) {
+namespace {
+
+// One job on `worker`, timed from the request's arrival; `done` gets its status and timing.
+void Timed(int64_t enqueued_ns, int worker, const QueuedExecutor::Work& work, const OpDone& done) {
+  OpTiming t;
+  t.stream = worker;
+  t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+  absl::Status s = work(worker, &t);
+  t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
+  done(std::move(s), t);
+}
+
+}  // namespace
+
+void QueuedExecutor::Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation,
+                         bool here) {
+  if (here && queue_.TryRunHere([&](int worker) { Timed(enqueued_ns, worker, work, done); })) {
+    return;
+  }
   // `done` is shared so that it is still ours to call when the push fails.
   auto shared_done = std::make_shared<OpDone>(std::move(done));
   const bool queued = queue_.TryPush(
       [enqueued_ns, shared_done, work = std::move(work)](int worker) {
-        OpTiming t;
-        t.stream = worker;
-        t.queue_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-        absl::Status s = work(worker, &t);
-        t.total_us = (SteadyNowNs() - enqueued_ns) / 1e3;
-        (*shared_done)(std::move(s), t);
+        Timed(enqueued_ns, worker, work, *shared_done);
       },
       continuation);
   if (!queued) {

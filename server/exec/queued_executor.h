@@ -1,6 +1,7 @@
 // QueuedExecutor: how both backends run work. A WorkQueue of `workers` threads; each job is
 // timed from the request's arrival (queue_us: arrival to start on a worker; total_us: arrival
-// to the end of the work) and its OpDone runs on the worker. A full queue is refused at once
+// to the end of the work) and its OpDone runs on the worker (or on the caller's thread, for a
+// job run there). A full queue is refused at once
 // with RESOURCE_EXHAUSTED, a stopping one with UNAVAILABLE; neither runs the work.
 #pragma once
 
@@ -25,7 +26,11 @@ class QueuedExecutor {
 
   // Queues `work`; `done` gets its status and timing (with stream = the worker) exactly once.
   // `continuation`: a transfer's later piece, queued past a full queue (Backend::SubmitWrite).
-  void Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false);
+  // `here`: when a worker's slot is free and nothing is queued, run the work (and `done`) on
+  // this thread now instead (WorkQueue::TryRunHere): for small calls, whose handoff to a
+  // worker would cost more than the work.
+  void Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false,
+           bool here = false);
 
   // Stops taking work, runs what is queued, joins the workers. Idempotent.
   void Shutdown() { queue_.Shutdown(); }

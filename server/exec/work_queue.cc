@@ -8,6 +8,7 @@ namespace fusebox {
 
 WorkQueue::WorkQueue(int workers, size_t capacity) : capacity_(capacity) {
   workers = std::max(workers, 1);  // a queue without workers would never run what it accepts
+  for (int i = workers - 1; i >= 0; --i) free_slots_.push_back(i);  // slot 0 is taken first
   threads_.reserve(workers);
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { Run(i); });
 }
@@ -21,6 +22,27 @@ bool WorkQueue::TryPush(Job job, bool over_capacity) {
     jobs_.push_back(std::move(job));
   }
   cv_.notify_one();
+  return true;
+}
+
+bool WorkQueue::TryRunHere(const Job& job) {
+  int slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || !jobs_.empty() || free_slots_.empty()) return false;
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    ++busy_;
+  }
+  job(slot);
+  bool waiting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --busy_;
+    free_slots_.push_back(slot);
+    waiting = !jobs_.empty();
+  }
+  if (waiting) cv_.notify_one();  // a job queued meanwhile can have the slot
   return true;
 }
 
@@ -52,20 +74,32 @@ int WorkQueue::busy() const {
   return busy_;
 }
 
-void WorkQueue::Run(int worker) {
+void WorkQueue::Run(int) {
   for (;;) {
     Job job;
+    int slot;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      // A queued job waits for a free slot too (one may be running on a caller's thread).
+      cv_.wait(lock, [this] {
+        return (stopping_ && jobs_.empty()) || (!jobs_.empty() && !free_slots_.empty());
+      });
       if (jobs_.empty()) return;  // stopping and drained
       job = std::move(jobs_.front());
       jobs_.pop_front();
+      slot = free_slots_.back();
+      free_slots_.pop_back();
       ++busy_;
     }
-    job(worker);
-    std::lock_guard<std::mutex> lock(mu_);
-    --busy_;
+    job(slot);
+    bool waiting;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --busy_;
+      free_slots_.push_back(slot);
+      waiting = !jobs_.empty();
+    }
+    if (waiting) cv_.notify_one();
   }
 }
 

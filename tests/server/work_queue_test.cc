@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <thread>
+#include <vector>
 
 namespace fusebox {
 namespace {
@@ -110,6 +111,69 @@ TEST(WorkQueue, WorkersRunConcurrentlyWithDistinctIndices) {
 
 namespace fusebox {
 namespace {
+
+TEST(WorkQueue, RunsAJobHereWhenASlotIsFreeAndNothingWaits) {
+  WorkQueue q(2, 8);
+  std::thread::id ran_on;
+  int slot = -1;
+  ASSERT_TRUE(q.TryRunHere([&](int s) {
+    ran_on = std::this_thread::get_id();
+    slot = s;
+  }));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  EXPECT_TRUE(slot == 0 || slot == 1);
+}
+
+TEST(WorkQueue, ARunHereNeverOvertakesAQueuedJobNorTakesABusySlot) {
+  WorkQueue q(1, 8);
+  std::promise<void> release;
+  auto gate = release.get_future().share();
+  std::atomic<int> started{0};
+  ASSERT_TRUE(q.TryPush([&, gate](int) { ++started; gate.wait(); }));
+  while (started == 0) std::this_thread::yield();  // the one slot is held
+  EXPECT_FALSE(q.TryRunHere([](int) { ADD_FAILURE() << "ran on a busy slot"; }));
+  ASSERT_TRUE(q.TryPush([](int) {}));  // queued behind it
+  release.set_value();
+  // Until the queued job has started, a run here would overtake it.
+  while (q.queued() > 0) {
+    std::atomic<bool> ran{false};
+    if (q.TryRunHere([&](int) { ran = true; })) {
+      EXPECT_EQ(q.queued(), 0u) << "overtook";
+    }
+  }
+  q.Shutdown();
+  EXPECT_FALSE(q.TryRunHere([](int) { ADD_FAILURE() << "ran while stopping"; }));
+}
+
+// Workers and callers running jobs here share the slots: no slot is ever held twice.
+TEST(WorkQueue, JobsRunHereAndOnWorkersNeverShareASlot) {
+  constexpr int kSlots = 3;
+  WorkQueue q(kSlots, 1 << 16);
+  std::atomic<int> holders[kSlots] = {};
+  std::atomic<int> doubled{0}, ran{0};
+  auto job = [&](int slot) {
+    if (holders[slot].fetch_add(1) != 0) ++doubled;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    holders[slot].fetch_sub(1);
+    ++ran;
+  };
+  std::vector<std::thread> callers;
+  std::atomic<int> submitted{0};
+  for (int c = 0; c < 6; ++c) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        if (!q.TryRunHere(job)) {
+          ASSERT_TRUE(q.TryPush(job));
+        }
+        ++submitted;
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  q.Shutdown();
+  EXPECT_EQ(doubled.load(), 0);
+  EXPECT_EQ(ran.load(), submitted.load());
+}
 
 TEST(QueuedExecutor, TimesEachJobFromArrivalAndNamesTheWorker) {
   QueuedExecutor exec("test", 1, 4);

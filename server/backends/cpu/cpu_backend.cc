@@ -75,13 +75,18 @@ absl::Status RunOnCpu(const OpCall& c) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& o) : exec_("CPU", o.workers, o.queue_capacity) {}
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : run_here_bytes_(o.run_here_bytes), exec_("CPU", o.workers, o.queue_capacity) {}
   ~CpuBackend() override { Shutdown(); }
 
   std::string name() const override { return "cpu"; }
   std::string device() const override { return "cpu"; }
 
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
+    size_t in[3];
+    InputBytes(call, in);
+    const size_t host = in[0] + in[1] + in[2] + call.output_bytes;
+    const bool here = host <= run_here_bytes_;
     exec_.Run(enqueued_ns, std::move(done), [call](int, OpTiming* t) {
       if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
       OpCall c = call;
@@ -93,7 +98,7 @@ class CpuBackend final : public Backend {
       absl::Status s = RunOnCpu(c);
       t->kernel_us = (SteadyNowNs() - start) / 1e3;
       return s;
-    });
+    }, /*continuation=*/false, here);
   }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
@@ -154,6 +159,7 @@ class CpuBackend final : public Backend {
     size_t size_;
   };
 
+  const size_t run_here_bytes_;
   QueuedExecutor exec_;
 };
 

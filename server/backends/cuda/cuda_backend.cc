@@ -195,6 +195,54 @@ class DeviceBuffer final : public Buffer {
   std::shared_ptr<Pool> pool_;
 };
 
+// Byte sizes of a call's operands, result and kernel workspace (softmax's split rows).
+struct Sizes {
+  size_t in[3] = {0, 0, 0};
+  size_t out = 0;
+  size_t workspace = 0;
+};
+
+absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
+  const size_t es = ElementSize(c.dtype);
+  Sizes s;
+  switch (c.op) {
+    case Op::kGelu:
+    case Op::kSoftmax:
+    case Op::kRowSum:
+      if (c.rows < 0 || c.cols < 0) return absl::InvalidArgumentError("negative shape");
+      if (c.op != Op::kGelu && !cuda::RowLengthSupported(c.dtype, c.cols)) {
+        const int64_t w = 16 / static_cast<int64_t>(ElementSize(c.dtype));
+        return absl::InvalidArgumentError(absl::StrCat(
+            OpName(c.op), " on the GPU: rows of ", c.cols, " elements are too long (at most ",
+            cuda::kMaxRowAccesses, ", or ", cuda::kMaxRowAccesses * w, " in a multiple of ", w,
+            ")"));
+      }
+      s.in[0] = static_cast<size_t>(c.rows) * c.cols * es;
+      s.out = c.op == Op::kRowSum ? static_cast<size_t>(c.rows) * sizeof(float) : s.in[0];
+      if (c.op == Op::kSoftmax) s.workspace = cuda::SoftmaxWorkspaceBytes(c.dtype, c.rows, c.cols);
+      if (c.op == Op::kRowSum) s.workspace = cuda::RowSumWorkspaceBytes(c.dtype, c.rows, c.cols);
+      break;
+    case Op::kMatmulRelu:
+      if (c.m < 0 || c.n < 0 || c.k < 0) return absl::InvalidArgumentError("negative shape");
+      s.in[0] = static_cast<size_t>(c.m) * c.k * es;
+      s.in[1] = static_cast<size_t>(c.k) * c.n * es;
+      s.in[2] = c.inputs[2] ? static_cast<size_t>(c.n) * es : 0;
+      s.out = static_cast<size_t>(c.m) * c.n * es;
+      break;
+  }
+  if (c.output_bytes != s.out) {
+    return absl::InvalidArgumentError(absl::StrCat(OpName(c.op), ": output buffer holds ",
+                                                   c.output_bytes, " bytes, the result ", s.out));
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (s.in[i] > 0 && c.inputs[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(OpName(c.op), ": input ", i, " is missing"));
+    }
+  }
+  if (s.out > 0 && c.output == nullptr) return absl::InvalidArgumentError("output is missing");
+  return s;
+}
+
 class CudaBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& o);
@@ -227,7 +275,8 @@ class CudaBackend final : public Backend {
   // broken-device check and the device selection. `continuation`: a
   // transfer's later piece, queued past a full queue (Backend::SubmitWrite).
   template <typename Work>
-  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false);
+  void Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false,
+               bool here = false);
 
   absl::Status RunCall(StreamWorker& w, const OpCall& call, OpTiming* t);
   absl::Status RunWrite(StreamWorker& w, void* dst, const void* src, size_t bytes, OpTiming* t);
@@ -407,7 +456,8 @@ absl::Status CudaBackend::PoolAlloc(size_t bytes, cudaStream_t stream, void** p,
 }
 
 template <typename Work>
-void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation) {
+void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool continuation,
+                          bool here) {
   if (broken_.load()) {
     done(Broken(), OpTiming{});
     return;
@@ -418,7 +468,7 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool cont
       return Fail(e, "cudaSetDevice", nullptr);
     }
     return work(*workers_[worker], t);
-  }, continuation);
+  }, continuation, here);
 }
 
 void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
@@ -426,11 +476,18 @@ void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
     done(std::move(s), OpTiming{});
     return;
   }
+  // Bytes the host moves for it: inline operands and an inline result (resident ones move none).
+  size_t host = 0;
+  if (const absl::StatusOr<Sizes> sizes = SizesOf(call); sizes.ok()) {
+    for (int i = 0; i < 3; ++i) host += call.input_resident[i] ? 0 : sizes->in[i];
+    host += call.output_resident ? 0 : sizes->out;
+  }
   Enqueue(enqueued_ns, std::move(done),
           [this, call](StreamWorker& w, OpTiming* t) {
             if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
             return RunCall(w, call, t);
-          });
+          },
+          /*continuation=*/false, /*here=*/host <= options_.run_here_bytes);
 }
 
 void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,
@@ -644,54 +701,6 @@ absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* c
     }
   }
   return e == cudaSuccess ? absl::OkStatus() : Fail(e, OpName(c.op), &w);
-}
-
-// Byte sizes of a call's operands, result and kernel workspace (softmax's split rows).
-struct Sizes {
-  size_t in[3] = {0, 0, 0};
-  size_t out = 0;
-  size_t workspace = 0;
-};
-
-absl::StatusOr<Sizes> SizesOf(const OpCall& c) {
-  const size_t es = ElementSize(c.dtype);
-  Sizes s;
-  switch (c.op) {
-    case Op::kGelu:
-    case Op::kSoftmax:
-    case Op::kRowSum:
-      if (c.rows < 0 || c.cols < 0) return absl::InvalidArgumentError("negative shape");
-      if (c.op != Op::kGelu && !cuda::RowLengthSupported(c.dtype, c.cols)) {
-        const int64_t w = 16 / static_cast<int64_t>(ElementSize(c.dtype));
-        return absl::InvalidArgumentError(absl::StrCat(
-            OpName(c.op), " on the GPU: rows of ", c.cols, " elements are too long (at most ",
-            cuda::kMaxRowAccesses, ", or ", cuda::kMaxRowAccesses * w, " in a multiple of ", w,
-            ")"));
-      }
-      s.in[0] = static_cast<size_t>(c.rows) * c.cols * es;
-      s.out = c.op == Op::kRowSum ? static_cast<size_t>(c.rows) * sizeof(float) : s.in[0];
-      if (c.op == Op::kSoftmax) s.workspace = cuda::SoftmaxWorkspaceBytes(c.dtype, c.rows, c.cols);
-      if (c.op == Op::kRowSum) s.workspace = cuda::RowSumWorkspaceBytes(c.dtype, c.rows, c.cols);
-      break;
-    case Op::kMatmulRelu:
-      if (c.m < 0 || c.n < 0 || c.k < 0) return absl::InvalidArgumentError("negative shape");
-      s.in[0] = static_cast<size_t>(c.m) * c.k * es;
-      s.in[1] = static_cast<size_t>(c.k) * c.n * es;
-      s.in[2] = c.inputs[2] ? static_cast<size_t>(c.n) * es : 0;
-      s.out = static_cast<size_t>(c.m) * c.n * es;
-      break;
-  }
-  if (c.output_bytes != s.out) {
-    return absl::InvalidArgumentError(absl::StrCat(OpName(c.op), ": output buffer holds ",
-                                                   c.output_bytes, " bytes, the result ", s.out));
-  }
-  for (int i = 0; i < 3; ++i) {
-    if (s.in[i] > 0 && c.inputs[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(OpName(c.op), ": input ", i, " is missing"));
-    }
-  }
-  if (s.out > 0 && c.output == nullptr) return absl::InvalidArgumentError("output is missing");
-  return s;
 }
 
 // Everything SizesOf refuses depends on the call alone, so it is all asked before queueing.

@@ -20,6 +20,9 @@ struct CudaBackendOptions {
   size_t queue_capacity = 1024;   // queued calls beyond which Submit refuses
   size_t staging_bytes = 64u << 20;  // pinned staging per stream, each way
   MatmulImpl default_matmul = MatmulImpl::kCublasLt;
+  // A call whose host bytes (inline operands and result) come to at most this many runs on the
+  // thread that submits it when a stream is free and none waits; 0 = never (CpuBackendOptions).
+  size_t run_here_bytes = 64 << 10;
 };
 
 }  // namespace fusebox
