@@ -39,6 +39,9 @@ ABSL_FLAG(int64_t, staging_mib, kDefaults.backend.cuda.staging_bytes >> 20,
           "CUDA backend: pinned staging per stream and direction, MiB");
 ABSL_FLAG(std::string, matmul_impl, "cublaslt",
           "CUDA backend: MatmulRelu when a request leaves impl unset: cublaslt or tiled");
+ABSL_FLAG(bool, kernel_gate, kDefaults.backend.cuda.kernel_gate,
+          "CUDA backend: enqueue each kernel behind a gate released once it is queued, so that "
+          "kernel_us is the kernel alone (not the launch); off saves a launch per call");
 ABSL_FLAG(int64_t, run_here_kib, kDefaults.backend.cpu.run_here_bytes >> 10,
           "a call whose inline tensors (in and out) total at most this many KiB runs on the "
           "thread that received it when a worker/stream is free and none waits, skipping the "
@@ -188,6 +191,7 @@ int main(int argc, char** argv) {
   o.backend.cuda.queue_capacity = o.backend.cpu.queue_capacity;
   o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
   o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
+  o.backend.cuda.kernel_gate = absl::GetFlag(FLAGS_kernel_gate);
   {
     const int64_t kib = absl::GetFlag(FLAGS_run_here_kib);
     const size_t here = kib <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(kib, int64_t{1} << 30)) << 10;

@@ -801,14 +801,17 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_in(), st);
   // `go`, the kernel and `kernel` are enqueued behind the gate, then released
   // together (stream_worker.h says why).
-  if (e == cudaSuccess && (e = w.HoldKernelGate()) == cudaSuccess) {
+  // Without the gate (--kernel_gate=false) kernel_us includes the launch's latency.
+  const bool gated = options_.kernel_gate && e == cudaSuccess &&
+                     (e = w.HoldKernelGate()) == cudaSuccess;
+  if (e == cudaSuccess) {
     e = cudaEventRecord(w.ev_go(), st);
     if (e == cudaSuccess) {
       status = Launch(w, c, dev_in, dev_out, ws);
       if (status.ok()) e = cudaEventRecord(w.ev_kernel(), st);
     }
-    w.ReleaseKernelGate();
   }
+  if (gated) w.ReleaseKernelGate();
   if (e != cudaSuccess) {
     status = Fail(e, "copy to the GPU or kernel launch", &w);
   } else if (status.ok()) {

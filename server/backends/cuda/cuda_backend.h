@@ -23,6 +23,9 @@ struct CudaBackendOptions {
   // A call whose host bytes (inline operands and result) come to at most this many runs on the
   // thread that submits it when a stream is free and none waits; 0 = never (CpuBackendOptions).
   size_t run_here_bytes = 64 << 10;
+  // Hold each kernel behind the stream gate (stream_worker.h) so kernel_us is the kernel's own
+  // time; off: one launch fewer per call, and kernel_us includes the launch's latency.
+  bool kernel_gate = true;
 };
 
 }  // namespace fusebox
