@@ -13,9 +13,11 @@
 #include <cmath>
 #include <sstream>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -81,16 +83,25 @@ class HeldCpuBackend final : public Backend {
     }
     return true;
   }
-  // Runs held op i (in the order they came), or every held op; with `open`, later ones at once.
-  void Release(int i) {
+  // Runs the held op whose first input starts with the float `first` (requests are read on
+  // gRPC's threads, so ops of one stream may reach Submit in any order: tell them by content).
+  bool ReleaseStartingWith(float first) {
     Held h;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      h = std::move(held_[static_cast<size_t>(i)]);
-      held_.erase(held_.begin() + i);
+      auto it = std::find_if(held_.begin(), held_.end(), [&](const Held& x) {
+        float v;
+        std::memcpy(&v, x.call.inputs[0], sizeof v);
+        return v == first;
+      });
+      if (it == held_.end()) return false;
+      h = std::move(*it);
+      held_.erase(it);
     }
     cpu_->Submit(h.call, h.enqueued_ns, std::move(h.done));
+    return true;
   }
+  // Runs every held op; with `open`, later ones at once.
   void ReleaseAll(bool open = false) {
     std::vector<Held> run;
     {
@@ -163,19 +174,22 @@ TEST(ExecuteTest, EveryIdIsAnsweredInTheOrderTheOpsFinish) {
   Served s(&backend, RequestLimits{});
   auto client = fc::Client::Create(s.target);
   auto stream = client->Execute(/*window=*/8);
-  const fc::HostTensor x = Floats({64}, -2.0f);
-  for (uint64_t id : {7, 3, 11}) ASSERT_TRUE(stream->Submit(id, fc::Op::kGelu, {x}).ok());
+  // Each request's input starts with its own value, so the test can pick which op finishes.
+  const std::map<uint64_t, float> first = {{7, -2.0f}, {3, -1.0f}, {11, 0.5f}};
+  for (uint64_t id : {7, 3, 11}) {
+    ASSERT_TRUE(stream->Submit(id, fc::Op::kGelu, {Floats({64}, first.at(id))}).ok());
+  }
   ASSERT_TRUE(backend.WaitUntilSubmitted(3));
   std::vector<uint64_t> order;
-  for (int i : {2, 0, 0}) {  // the last request's op first, then the first's, then the second's
-    backend.Release(i);
+  for (uint64_t id : {11, 7, 3}) {  // the last request's op first, then the first's, the second's
+    ASSERT_TRUE(backend.ReleaseStartingWith(first.at(id)));
     fc::ExecuteResult r;
     ASSERT_TRUE(stream->Next(&r));
     ASSERT_TRUE(r.status.ok()) << r.status;
     order.push_back(r.id);
     const std::vector<float> y = r.result.output.ToFloats();
     ASSERT_EQ(y.size(), 64u);
-    EXPECT_NEAR(y[5], Gelu(-2.0f + 1.25f), 1e-5);
+    EXPECT_NEAR(y[5], Gelu(first.at(r.id) + 1.25f), 1e-5);
   }
   EXPECT_EQ(order, (std::vector<uint64_t>{11, 7, 3}));
   // Many more, of every op, all at once: every id answered exactly once, each right.
