@@ -119,14 +119,22 @@ void Run(absl::StatusOr<PreparedCall> p, const v1::Tensor& out, World& w) {
                    static_cast<int64_t>(call.output_bytes) == p->kept_output->bytes,
                "kept output of %zu bytes", call.output_bytes);
   } else {
-    FUZZ_CHECK(!call.output_resident && out.data().size() == call.output_bytes &&
-                   static_cast<int64_t>(call.output_bytes) == p->bytes_out,
-               "inline output %zu bytes, call %zu, bytes_out %lld", out.data().size(),
-               call.output_bytes, static_cast<long long>(p->bytes_out));
+    // An inline result is in the reply's data field, or (kSentInPlaceBytes and more) in a
+    // buffer of its own that the reply sends; the call writes into whichever holds it.
+    const bool in_place = p->inline_output != nullptr;
+    const size_t held = in_place ? call.output_bytes : out.data().size();
+    FUZZ_CHECK(!call.output_resident && held == call.output_bytes &&
+                   static_cast<int64_t>(call.output_bytes) == p->bytes_out &&
+                   (in_place ? call.output == p->inline_output.get() && out.data().empty() &&
+                                   p->bytes_out >= kSentInPlaceBytes
+                             : p->bytes_out < kSentInPlaceBytes),
+               "inline output %zu bytes (%s), call %zu, bytes_out %lld", held,
+               in_place ? "in place" : "in the message", call.output_bytes,
+               static_cast<long long>(p->bytes_out));
     const int64_t want =
         ShapeBytes(static_cast<int64_t>(ElementSize(static_cast<DType>(out.dtype()))), out.shape());
-    FUZZ_CHECK(want == static_cast<int64_t>(out.data().size()), "shape needs %lld, has %zu",
-               static_cast<long long>(want), out.data().size());
+    FUZZ_CHECK(want == static_cast<int64_t>(held), "shape needs %lld, has %zu",
+               static_cast<long long>(want), held);
     FUZZ_CHECK(p->bytes_out <= kLimitBytes, "inline output of %lld bytes past the limit",
                static_cast<long long>(p->bytes_out));
   }
