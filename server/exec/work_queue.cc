@@ -30,11 +30,21 @@ bool WorkQueue::TryRunHere(const Job& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || !jobs_.empty() || free_slots_.empty()) return false;
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-    ++busy_;
+    slot = TakeSlot();
   }
   job(slot);
+  GiveBack(slot);
+  return true;
+}
+
+int WorkQueue::TakeSlot() {
+  const int slot = free_slots_.back();
+  free_slots_.pop_back();
+  ++busy_;
+  return slot;
+}
+
+void WorkQueue::GiveBack(int slot) {
   bool waiting;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -43,7 +53,6 @@ bool WorkQueue::TryRunHere(const Job& job) {
     waiting = !jobs_.empty();
   }
   if (waiting) cv_.notify_one();  // a job queued meanwhile can have the slot
-  return true;
 }
 
 void WorkQueue::Shutdown() {
@@ -87,19 +96,10 @@ void WorkQueue::Run(int) {
       if (jobs_.empty()) return;  // stopping and drained
       job = std::move(jobs_.front());
       jobs_.pop_front();
-      slot = free_slots_.back();
-      free_slots_.pop_back();
-      ++busy_;
+      slot = TakeSlot();
     }
     job(slot);
-    bool waiting;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --busy_;
-      free_slots_.push_back(slot);
-      waiting = !jobs_.empty();
-    }
-    if (waiting) cv_.notify_one();
+    GiveBack(slot);
   }
 }
 

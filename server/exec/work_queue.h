@@ -43,6 +43,9 @@ class WorkQueue {
 
  private:
   void Run(int worker);
+  // A free slot for a job about to run (mu_ held, one is free); and back once it has run.
+  int TakeSlot();
+  void GiveBack(int slot);  // mu_ not held
 
   const size_t capacity_;
   mutable std::mutex mu_;
