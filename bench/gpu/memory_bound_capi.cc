@@ -5,9 +5,9 @@
 //
 // op: 0 GeLU (rows * cols elements), 1 softmax, 2 row sum (out is float32[rows]).
 // dtype: 1 float32, 2 float16, 3 bfloat16 (fusebox::DType).
-// choice: nullptr = the plain launcher (the automatic choice the server uses); else 15 ints in
+// choice: nullptr = the plain launcher (the automatic choice the server uses); else 17 ints in
 //   KernelChoice order: threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-//   long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch, tile, tile_elems (0 =
+//   long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch, tile, tile_elems, rows_per_lane, row_program (0 =
 //   automatic), as memory_bound_variants.h forces them (memory_bound_peers.py --variant).
 // Softmax and row sum get the workspace their choice asks for, as the server gives it (one buffer
 // per process, grown when a shape needs more; the harness calls from one thread).
@@ -49,6 +49,8 @@ fc::KernelChoice ToChoice(const int32_t* c) {
     k.prefetch = c[12];
     k.tile = c[13];
     k.tile_elems = c[14];
+    k.rows_per_lane = c[15];
+    k.row_program = c[16];
   }
   return k;
 }

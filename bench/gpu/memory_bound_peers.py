@@ -25,7 +25,7 @@ ROWSxCOLS is 1x268435456), and so does --variant CASE:key=v,key=v (repeatable), 
 forced kernel choice of ours to that case, timed in the same interleaved rounds as
 "ours:key=v,...". Keys are
 KernelChoice's fields (threads_per_row, vectors_per_thread, cluster, threads, smem_bytes,
-long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch, tile, tile_elems). Variants are
+long_rows, pipeline, streaming, exp_once, split, split_wait_us, exp_fma, prefetch, tile, tile_elems, rows_per_lane, row_program). Variants are
 checked against eager like ours. --baseline PATH adds another build of the library (the previous
 commit's, say) as "ours@base" (repeatable: "ours@base2", ...), checked and timed the same way:
 builds' kernels compared in the same rounds, which a forced choice cannot do when the old kernel
@@ -72,7 +72,7 @@ OP_CODES = {"gelu": 0, "softmax": 1, "rowsum": 2}  # memory_bound_capi.cc
 CAPI_NAME = "libfusebox_memory_bound_capi.so"
 CHOICE_KEYS = ["threads_per_row", "vectors_per_thread", "cluster", "threads", "smem_bytes", "long_rows",
                "pipeline", "streaming", "exp_once", "split",
-               "split_wait_us", "exp_fma", "prefetch", "tile", "tile_elems"]  # KernelChoice order (memory_bound_capi.cc)
+               "split_wait_us", "exp_fma", "prefetch", "tile", "tile_elems", "rows_per_lane", "row_program"]  # KernelChoice order (memory_bound_capi.cc)
 
 # ----------------------------------------------------------------------------- ours (ctypes)
 class Ours:

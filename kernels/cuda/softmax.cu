@@ -87,6 +87,12 @@ constexpr int kFewRowsSplitMin = 4096;
 // under graph replay) instead of the tile; 128-thread blocks (the probe: 64-256 alike).
 constexpr int64_t kTinyMaxBytes = 128 * 1024;
 constexpr int kTinyThreads = 128;
+// Tensors up to this many bytes of rows of kTileMaxCols + 1 .. kProgramMaxCols columns take
+// SoftmaxProgramKernel (a block per row, few values per thread: latency-bound sizes, where the
+// short-row kernel's warp per row with up to 128 values per lane lost to Triton's one-row program,
+// fp16 2x4096 0.53x, bf16 33x251 0.66x, under graph replay).
+constexpr int64_t kProgramMaxBytes = 8 << 20;
+constexpr int kProgramMaxCols = 16384;
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -732,6 +738,89 @@ __global__ __launch_bounds__(MaxT, RowBlockMinBlocks<MaxT>()) void SoftmaxRowExa
   }
 }
 
+// ------------------------------------------------------------------------------ row programs
+// One block of MaxT threads per row (grid.x = rows), each thread holding J accesses (W elements:
+// 16-byte vectors on aligned rows of whole vectors, else scalars, any alignment and offsets) at
+// stride MaxT, as Triton's one-row program: loads, the block's max (one barrier), e^(x - max) kept
+// in registers, the block's sum (one barrier), x times 1/sum. J x W <= 32 floats per thread. The
+// max is the row's max, so special values need no partial-state rules (as SoftmaxRowExactKernel).
+// Cost: one read and one write of the row; ~10 instructions per element; its latency chain is
+// two loads-to-barrier trips, which is what a tensor of a few MiB or less pays for.
+template <typename T, int W, int MaxT, int J>
+__global__ __launch_bounds__(MaxT) void SoftmaxProgramKernel(const T* in, T* out, int64_t cols, int n) {
+  using R = typename Pack<T, W>::Raw;
+  static_assert(J * W <= 32, "the row's values are held as floats");
+  __shared__ float slots[2][MaxT / 32];
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * cols;
+  const R* src = reinterpret_cast<const R*>(in + row);
+  R* dst = reinterpret_cast<R*>(out + row);
+  R v[J];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int a = threadIdx.x + j * MaxT;
+    if (a < n) v[j] = LoadHint(kDefaultStreaming, src + a);
+  }
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = J - 1; j >= 0; --j) {
+    if (threadIdx.x + j * MaxT < n) m = fmaxf(m, MaxOf<T, W>(v[j]));
+  }
+  m = BlockAllReduce<MaxT>(m, slots[0], -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+  float f[J][W];
+  float sum = 0.f;
+  WithExp<true>(m, true, [&](const auto& ex) {
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      if (threadIdx.x + j * MaxT < n) {
+        Unpack<T, W>(v[j], f[j]);
+#pragma unroll
+        for (int e = 0; e < W; ++e) {
+          f[j][e] = ex(f[j][e]);
+          sum += f[j][e];
+        }
+      }
+    }
+  });
+  sum = BlockAllReduce<MaxT>(sum, slots[1], 0.f, [](float a, float b) { return a + b; });
+  const float inv = 1.0f / sum;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int a = threadIdx.x + j * MaxT;
+    if (a < n) {
+#pragma unroll
+      for (int e = 0; e < W; ++e) f[j][e] *= inv;
+      StoreHint(kDefaultStreaming, dst + a, PackFloats<T, W>(f[j]));
+    }
+  }
+}
+
+// The row program for (W, threads, J), or nullptr where none is built (J x W > 32).
+template <typename T, int W>
+const void* ProgramKernel(int threads, int j) {
+  auto with_t = [j](auto t) -> const void* {
+    constexpr int MaxT = decltype(t)::value;
+    switch (j) {
+      case 1: return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 1>);
+      case 2: return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 2>);
+      case 4: return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 4>);
+    }
+    if constexpr (W <= 4) {
+      if (j == 8) return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 8>);
+    }
+    if constexpr (W == 1) {
+      if (j == 16) return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 16>);
+      if (j == 32) return reinterpret_cast<const void*>(SoftmaxProgramKernel<T, W, MaxT, 32>);
+    }
+    return nullptr;
+  };
+  switch (threads) {
+    case 128: return with_t(std::integral_constant<int, 128>{});
+    case 256: return with_t(std::integral_constant<int, 256>{});
+    case 512: return with_t(std::integral_constant<int, 512>{});
+  }
+  return nullptr;
+}
+
 // ------------------------------------------------------------------------------ long rows, pipelined
 // Persistent version for rows that need shared memory: grid = nclusters * csize (as many clusters
 // as the device holds at once); cluster c handles rows c, c + nclusters, ... Per block, the part of
@@ -976,7 +1065,7 @@ __global__ __launch_bounds__(kTinyThreads) void SoftmaxTinyKernel(const T* in, T
 }
 
 // ------------------------------------------------------------------------------ host side
-enum class Kind { kRows, kRowBlock, kChunk, kPipe, kTile, kTiny };
+enum class Kind { kRows, kRowBlock, kChunk, kPipe, kTile, kTiny, kProgram };
 struct Plan {
   bool vec = false;    // 16-byte aligned rows of whole vectors
   bool edges = false;  // other rows, in and out at the same offset modulo 16: head / vectors / tail
@@ -1195,6 +1284,19 @@ int SplitWanted(const KernelChoice& k, int64_t rows, int nacc, bool vec) {
 }
 
 
+// Whether `k` forces a kernel field other than tile / tile_elems / row_program (then the kernel it
+// forces, not the automatic tile, tiny or row-program kernel).
+bool ForcesOther(const KernelChoice& k) {
+  return k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 || k.long_rows != 0 ||
+         k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 || k.split != 0 || k.smem_bytes != 0;
+}
+// The automatic row program (SoftmaxProgramKernel): tensors up to kProgramMaxBytes of rows of
+// kTileMaxCols + 1 .. kProgramMaxCols columns, nothing else forced.
+bool ProgramAuto(const KernelChoice& k, int64_t rows, int64_t cols, size_t elem) {
+  return k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols && cols <= kProgramMaxCols &&
+         rows * cols * static_cast<int64_t>(elem) <= kProgramMaxBytes;
+}
+
 template <typename T>
 cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int64_t rows, int64_t cols,
                      size_t ws_bytes, Plan* p) {
@@ -1218,9 +1320,7 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
   // per-row scalar heads and tails: fp32 1259977x7 at 40% of copy, bf16 cols = 1 at 0.04x of
   // torch.compile). Aligned rows of whole vectors keep the short-row kernel (measured 86-88% of
   // copy at 16 columns). Forcing any other short-row field keeps the kernel it forces.
-  const bool others = k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 ||
-                      k.long_rows != 0 || k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 ||
-                      k.split != 0 || k.smem_bytes != 0;
+  const bool others = ForcesOther(k);
   // Tiny tensors of such rows, aligned or not: SoftmaxTinyKernel (tile = 2 forces it on any
   // number of rows of <= 64 columns). 4 elements per lane at most.
   const bool tiny_size = rows * cols * static_cast<int64_t>(sizeof(T)) <= kTinyMaxBytes;
@@ -1245,6 +1345,20 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     return cudaSuccess;
   }
   if (k.tile < -1 || k.tile > 2) return cudaErrorInvalidValue;
+  // Tensors of a few MiB of rows of 65-16384 columns: a block per row (SoftmaxProgramKernel),
+  // vectors on aligned rows of whole vectors, scalars otherwise; about 8 values per thread
+  // (128-512 threads). KernelChoice::row_program = 1 forces it (threads as k.threads), -1 never.
+  if (k.row_program < -1 || k.row_program > 1) return cudaErrorInvalidValue;
+  if (k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T))) {
+    if (cols > kProgramMaxCols || rows > INT_MAX) return cudaErrorInvalidValue;
+    p->kind = Kind::kProgram;
+    const int64_t n = p->vec ? cols / W : cols;
+    p->threads = k.threads ? k.threads : static_cast<int>(std::min<int64_t>(512, std::max<int64_t>(128, Pow2Ceil(CeilDiv(cols, 8)))));
+    p->vpt = Pow2Ceil(CeilDiv(n, p->threads));
+    p->nacc = static_cast<int>(n);
+    const void* kernel = p->vec ? ProgramKernel<T, W>(p->threads, p->vpt) : ProgramKernel<T, 1>(p->threads, p->vpt);
+    return kernel ? cudaSuccess : cudaErrorInvalidValue;
+  }
   if (short_rows(nacc)) {
     p->kind = Kind::kRows;
     p->vpt = k.vectors_per_thread ? k.vectors_per_thread : nacc <= 128 ? 4 : nacc <= 256 ? 8 : 16;
@@ -1562,6 +1676,13 @@ cudaError_t LaunchSoftmaxT(const KernelChoice& k, const void* in, void* out, int
   if (p.kind == Kind::kTile) return LaunchTile<T>(p, in, out, rows, cols, s);
   if (p.kind == Kind::kTiny) return LaunchTiny<T>(p, in, out, rows, cols, s);
   constexpr int W = 16 / sizeof(T);
+  if (p.kind == Kind::kProgram) {
+    const void* kernel = p.vec ? ProgramKernel<T, W>(p.threads, p.vpt) : ProgramKernel<T, 1>(p.threads, p.vpt);
+    int n = p.nacc;
+    void* args[] = {&in, &out, &cols, &n};
+    const cudaError_t le = cudaLaunchKernel(kernel, dim3(static_cast<unsigned>(rows)), dim3(p.threads), args, 0, s);
+    return le != cudaSuccess ? le : cudaGetLastError();
+  }
   if (p.vec) return LaunchPlanW<T, W>(p, in, out, rows, cols, ws.ptr, s);
   if (p.edges) return LaunchPlanW<T, W, true>(p, in, out, rows, cols, ws.ptr, s);
   return LaunchPlanW<T, 1>(p, in, out, rows, cols, ws.ptr, s);
@@ -1573,7 +1694,7 @@ size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
   // head and tail where the rows are not aligned.
   constexpr int W = 16 / sizeof(T);
   const int64_t nacc = cols / W;
-  if (nacc > kMaxRowAccesses) return 0;
+  if (nacc > kMaxRowAccesses || k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T))) return 0;
   return SplitBytes(rows, SplitWanted<T>(k, rows, static_cast<int>(nacc), true));
 }
 
@@ -1624,6 +1745,8 @@ void DescribeSoftmax(DType dt, const void* in, const void* out, int64_t rows, in
     std::snprintf(buf, len, "softmax/invalid");
   } else if (p.kind == Kind::kTiny) {
     std::snprintf(buf, len, "softmax/tiny tpr=%d t=%d", p.tpr, p.threads);
+  } else if (p.kind == Kind::kProgram) {
+    std::snprintf(buf, len, "softmax/program %s t=%d j=%d", p.vec ? "vec" : "scalar", p.threads, p.vpt);
   } else if (p.kind == Kind::kTile) {
     std::snprintf(buf, len, "softmax/tile tpr=%d e=%d rows=%d t=%d %s", p.tpr, p.tile_elems, p.tile_rows,
                   p.threads, p.cs ? "cs" : "plain");

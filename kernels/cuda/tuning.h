@@ -73,6 +73,12 @@ namespace fusebox::cuda {
 //                     memory), automatic for tensors of such rows up to 128 KiB
 //   tile_elems        the tile kernels: a row's elements per lane, 4, 8 or 16 (lanes per row =
 //                     the power of two that covers the row with that many); 0 = automatic
+//   rows_per_lane     row sum, aligned rows of 1-7 whole 16-byte accesses: the packed kernel with
+//                     this many rows per lane (1, 2, 4, 8: its loads in flight); 0 = automatic (the
+//                     packed kernel unless another short-row field is forced); -1 = never
+//   row_program       softmax, rows of 65-16384 columns: 1 = a block per row holding the row in
+//                     registers (threads: 128, 256 or 512, else automatic), -1 = never; 0 =
+//                     automatic (tensors up to 8 MiB, when no other field is forced)
 // GeLU uses vectors_per_thread (1, 2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;
@@ -90,6 +96,8 @@ struct KernelChoice {
   int prefetch = 0;
   int tile = 0;
   int tile_elems = 0;
+  int rows_per_lane = 0;
+  int row_program = 0;
 };
 cudaError_t LaunchGeluWith(const KernelChoice& k, DType dt, const void* in, void* out, int64_t n,
                            cudaStream_t s);

@@ -475,7 +475,7 @@ TEST_P(MemoryBound, SoftmaxRowBlockSizes) {
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   const std::string want = fp32 ? "softmax/rowblock vec c=1 t=512 v=4 smem=0 plain"
                                 : "softmax/rowblock vec c=1 t=512 v=2 smem=0 plain exact";
-  for (int64_t rows : {int64_t{7}, int64_t{2048}, int64_t{8192}}) {
+  for (int64_t rows : {int64_t{2048}, int64_t{8192}}) {  // 7 rows (under 8 MiB): the row program
     cuda::DescribeSoftmax(GetParam(), b.get(), b.get(), rows, 8192, KernelChoice{}, desc, sizeof desc);
     EXPECT_NE(std::string(desc).find(want), std::string::npos) << rows << " rows: " << desc;
     EXPECT_EQ(std::string(desc).find(" ahead=") != std::string::npos, fp32 && rows >= int64_t{12} * 3 * sms)
@@ -724,6 +724,51 @@ TEST_P(MemoryBound, RowSumExactShortRows) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
+// Aligned rows of 1-7 whole 16-byte accesses through the packed kernel: every row length, every
+// rows-per-lane count, row counts that leave the last block partly empty, special values, plain
+// loads; and the packed kernel refused where rows are not whole aligned vectors or are 8+.
+TEST_P(MemoryBound, RowSumPackedRows) {
+  const DType dt = GetParam();
+  const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
+  const int64_t many = SmallMode() ? 4099 : 300007;
+  for (int64_t nacc = 1; nacc < 8; ++nacc) {
+    const int64_t cols = nacc * w;
+    char desc[128];
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), many, cols, KernelChoice{}, desc, sizeof desc);
+    EXPECT_EQ(std::string(desc).rfind("rowsum/packed ", 0), 0u) << desc;
+    for (int r : {1, 2, 4, 8}) {
+      SCOPED_TRACE(::testing::Message() << "x" << cols << " rows per lane " << r);
+      KernelChoice k;
+      k.rows_per_lane = r;
+      for (int64_t rows : {int64_t{1}, int64_t{255}, int64_t{1031}, many}) CheckRowSum(rows, cols, {0, 0}, k);
+      k.streaming = -1;
+      CheckRowSum(1031, cols, {0, 0}, k);
+    }
+    auto edit = [&](std::vector<uint8_t>& in) {
+      auto set = [&](int64_t r, int64_t c, float v) { StoreFromFloat(dt, in.data(), r * cols + c, v); };
+      set(0, cols - 1, kNaN);
+      set(1, 0, kInf);
+      set(2, 0, -kInf);
+      set(3, 0, -kInf);
+      set(3, cols - 1, kInf);
+      for (int64_t c = 0; c < cols; ++c) set(4, c, Big(dt));
+    };
+    CheckRowSum(37, cols, {0, 0}, KernelChoice{}, -1.f, 1.f, edit);
+  }
+  DeviceBuffer b(1 << 20);
+  float* out = reinterpret_cast<float*>(b.get()) + (1 << 17);
+  KernelChoice k;
+  k.rows_per_lane = 4;
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get(), out, 10, 8 * w, nullptr), cudaErrorInvalidValue);  // 8 vectors
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get(), out, 10, 3, nullptr), cudaErrorInvalidValue);  // not whole vectors
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get() + 2, out, 10, w, nullptr), cudaErrorInvalidValue);  // offset
+  k.rows_per_lane = 3;
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get(), out, 10, w, nullptr), cudaErrorInvalidValue);
+  k.rows_per_lane = -2;
+  EXPECT_EQ(cuda::LaunchRowSumWith(k, dt, b.get(), out, 10, w, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The row sum's automatic kernel for each kind of row (host code only: runs without a GPU, so
 // CI checks that the choices measured fastest on the H200 stay the automatic ones).
 TEST(RowSumPlan, KernelForEachRowLength) {
@@ -754,6 +799,60 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
+// The row program (a block per row of 65-16384 columns, the row in registers): every block size
+// on rows up to 32 values per thread, aligned rows (vectors), odd rows and offsets (scalars), in and
+// out at different offsets, special rows; the automatic choice for tensors up to 8 MiB; refusals.
+TEST_P(MemoryBound, SoftmaxRowPrograms) {
+  const DType dt = GetParam();
+  KernelChoice k;
+  k.row_program = 1;
+  for (int threads : {128, 256, 512}) {
+    k.threads = threads;
+    for (int64_t cols : {65, 127, 251, 1000, 1024, 4093, 4096, 8192, 11008, 16384}) {
+      if (cols > 32 * threads) continue;
+      SCOPED_TRACE(::testing::Message() << "threads " << threads << ", 33x" << cols);
+      CheckSoftmax(33, cols, {0, 0}, k);
+      CheckSoftmax(3, cols, {1, 1}, k);
+      CheckSoftmax(2, cols, {1, 3}, k);
+      CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
+    }
+  }
+  for (int64_t cols : {65, 251, 4096, 16384}) {
+    SCOPED_TRACE(::testing::Message() << "automatic, x" << cols);
+    CheckSoftmax(5, cols, {0, 0}, KernelChoice{});
+    CheckSoftmax(5, cols, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+  }
+  auto describe = [dt](int64_t rows, int64_t cols, size_t off, const KernelChoice& c = {}) {
+    char desc[128];
+    const void* p = reinterpret_cast<const void*>(kGuard + off);
+    cuda::DescribeSoftmax(dt, p, p, rows, cols, c, desc, sizeof desc);
+    return std::string(desc);
+  };
+  EXPECT_EQ(describe(2, 4096, 0), dt == DType::kFloat32 ? "softmax/program vec t=512 j=2" : "softmax/program vec t=512 j=1");
+  EXPECT_EQ(describe(33, 251, 0), "softmax/program scalar t=128 j=2");
+  EXPECT_EQ(describe(1, 16384, 16), describe(1, 16384, 0));  // a vector's offset keeps vectors
+  EXPECT_EQ(describe(7, 1000, ElementSize(dt)), "softmax/program scalar t=128 j=8");
+  const int64_t big_rows = (int64_t{8} << 20) / (1000 * static_cast<int64_t>(ElementSize(dt))) + 1;
+  EXPECT_EQ(describe(big_rows, 1000, 0).rfind("softmax/program", 0), std::string::npos);  // > 8 MiB
+  EXPECT_EQ(describe(5, 16385, 0).rfind("softmax/program", 0), std::string::npos);
+  EXPECT_EQ(describe(5, 64, 0).rfind("softmax/program", 0), std::string::npos);
+  KernelChoice never;
+  never.row_program = -1;
+  EXPECT_EQ(describe(2, 4096, 0, never).rfind("softmax/program", 0), std::string::npos);
+  DeviceBuffer b(1 << 20);
+  KernelChoice bad;
+  bad.row_program = 1;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(bad, dt, b.get(), b.get() + (1 << 19), 2, 16385, nullptr), cudaErrorInvalidValue);
+  bad.threads = 64;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(bad, dt, b.get(), b.get() + (1 << 19), 2, 1000, nullptr), cudaErrorInvalidValue);
+  bad.threads = 128;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(bad, dt, b.get(), b.get() + (1 << 19), 2, 8192, nullptr), cudaErrorInvalidValue);
+  bad.threads = 0;
+  bad.row_program = 2;
+  EXPECT_EQ(cuda::LaunchSoftmaxWith(bad, dt, b.get(), b.get() + (1 << 19), 2, 1000, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // The softmax's automatic short-row kernel (host code only, as above): the Exact
 // form on rows of exactly lanes x accesses, 128-thread blocks below 32 lanes per row.
 TEST(SoftmaxPlan, ShortRowKernelForEachRowLength) {
@@ -761,7 +860,7 @@ TEST(SoftmaxPlan, ShortRowKernelForEachRowLength) {
   const void* misaligned = reinterpret_cast<const void*>(uintptr_t{258});
   auto describe = [](DType dt, const void* in, int64_t cols, const KernelChoice& k = {}) {
     char desc[128];
-    cuda::DescribeSoftmax(dt, in, in, 1000, cols, k, desc, sizeof desc);
+    cuda::DescribeSoftmax(dt, in, in, 100000, cols, k, desc, sizeof desc);  // > 8 MiB: not a row program
     return std::string(desc);
   };
   const DType bf16 = DType::kBFloat16, f32 = DType::kFloat32;
@@ -1075,7 +1174,7 @@ TEST(EveryShapePlan, EdgesAndSplits) {
   EXPECT_NE(std::string(desc).find(" edges "), std::string::npos) << desc;
   cuda::DescribeSoftmax(f32, aligned, aligned, 1000, 100003, KernelChoice{}, desc, sizeof desc, 0);
   EXPECT_NE(std::string(desc).find(" edges "), std::string::npos) << desc;
-  cuda::DescribeSoftmax(f32, aligned, aligned, 3, 333, KernelChoice{}, desc, sizeof desc, 0);
+  cuda::DescribeSoftmax(f32, aligned, aligned, 30000, 333, KernelChoice{}, desc, sizeof desc, 0);  // > 8 MiB
   EXPECT_EQ(std::string(desc).rfind("softmax/rows edges", 0), 0u) << desc;
   EXPECT_GT(cuda::RowSumWorkspaceBytes(bf16, 7, 3000001), 0u);
   cuda::DescribeRowSum(bf16, aligned, 7, 3000001, KernelChoice{}, desc, sizeof desc,
@@ -1122,7 +1221,14 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=2 e=8 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
-  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
+  // Aligned rows of 1-7 whole vectors: the packed kernel (2 lanes per row of 2 vectors); at an
+  // offset the same rows take the tile.
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16), "rowsum/packed tpr=2 r=4 t=256 cs");
+  EXPECT_EQ(rs(f32, aligned, 1000, 4), "rowsum/packed tpr=1 r=4 t=256 cs");
+  EXPECT_EQ(rs(f32, aligned, 1000, 28), "rowsum/packed tpr=8 r=4 t=256 cs");
+  EXPECT_EQ(rs(f16, aligned, 1000, 24), "rowsum/packed tpr=4 r=4 t=256 cs");
+  EXPECT_EQ(rs(bf16, plus1, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
+  EXPECT_EQ(rs(bf16, aligned, 1000, 17).rfind("rowsum/tile ", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 7 * 184637, 63).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
   EXPECT_EQ(rs(f32, aligned, 1000, 1), "rowsum/tile tpr=1 e=4 rows=256 t=256 cs");
@@ -1156,7 +1262,8 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   // Few rows of 4096+ accesses: the split path with more blocks (bf16 7x128256: 8 per row).
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 7, 128256), size_t{7 * 8 * 8});
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 3, 65521), size_t{3 * 8 * 8});
-  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), size_t{2 * 8});
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), 0u);  // a row program (64 KiB)
+  EXPECT_GT(cuda::SoftmaxWorkspaceBytes(f32, 1, 16388), 0u);
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16380), 0u);  // 4095 accesses
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 132, 128256), 0u);  // enough rows
 }
