@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 namespace fusebox {
@@ -72,12 +73,18 @@ class CopyPool {
   void Post(const std::shared_ptr<Job>& job, int helpers) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (threads_ < helpers) {
-        std::thread([this] { Loop(); }).detach();
-        ++threads_;
+      try {
+        while (threads_ < helpers) {
+          std::thread([this] { Loop(); }).detach();
+          ++threads_;
+        }
+      } catch (const std::system_error&) {
+        // No thread to be had (a limit on threads): the caller copies the parts no helper takes.
+        helpers = threads_;
       }
       for (int i = 0; i < helpers; ++i) queue_.push_back(job);
     }
+    if (helpers == 0) return;
     if (helpers == 1) {
       cv_.notify_one();
     } else {
