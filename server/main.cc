@@ -46,6 +46,10 @@ ABSL_FLAG(int64_t, run_here_kib, kDefaults.backend.cpu.run_here_bytes >> 10,
           "a call whose inline tensors (in and out) total at most this many KiB runs on the "
           "thread that received it when a worker/stream is free and none waits, skipping the "
           "handoff to a worker; 0 = every call goes through the queue");
+ABSL_FLAG(int, copy_threads, kDefaults.backend.cpu.copy_threads,
+          "threads that copy a large inline tensor from the pieces it arrived in into place "
+          "(CUDA: pinned staging; CPU: one buffer), 1..64; 0 = automatic (min(4, cores / 2)), "
+          "1 = the call's own thread alone");
 ABSL_FLAG(int64_t, queue_capacity, 1024,
           "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
@@ -192,6 +196,7 @@ int main(int argc, char** argv) {
   o.backend.cuda.streams = absl::GetFlag(FLAGS_streams);
   o.backend.cuda.device = absl::GetFlag(FLAGS_cuda_device);
   o.backend.cuda.kernel_gate = absl::GetFlag(FLAGS_kernel_gate);
+  o.backend.cpu.copy_threads = o.backend.cuda.copy_threads = absl::GetFlag(FLAGS_copy_threads);
   {
     const int64_t kib = absl::GetFlag(FLAGS_run_here_kib);
     const size_t here = kib <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(kib, int64_t{1} << 30)) << 10;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "server/exec/parallel_copy.h"
 
 namespace fusebox {
 namespace {
@@ -120,6 +121,10 @@ absl::Status CheckOptions(const ServerOptions& o) {
     return bad(absl::StrCat("--backend=", b.kind, " is unknown: use auto, cpu or cuda"));
   }
   if (b.cpu.workers < 1) return bad("--workers must be >= 1");
+  if (b.cpu.copy_threads < 0 || b.cpu.copy_threads > kMaxCopyThreads ||
+      b.cuda.copy_threads < 0 || b.cuda.copy_threads > kMaxCopyThreads) {
+    return bad(absl::StrCat("--copy_threads must be in 0..", kMaxCopyThreads, " (0 = automatic)"));
+  }
   if (b.cpu.queue_capacity < 1 || b.cuda.queue_capacity < 1) {
     return bad("--queue_capacity must be >= 1");
   }

@@ -1,13 +1,18 @@
 // The CPU backend's queue: a transfer's first piece is refused when the queue is full, its
 // later pieces are not (an admitted Upload or Download is never cut short by load); a call
-// whose caller has gone is answered CANCELLED without being computed; Check refuses nothing.
+// whose caller has gone is answered CANCELLED without being computed; Check refuses nothing; an
+// input in pieces or unaligned is gathered into place, on one thread or several, and one whose
+// pieces hold too few bytes is refused rather than read past.
 #include "server/backends/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <future>
 #include <thread>
+#include <vector>
 
 namespace fusebox {
 namespace {
@@ -88,6 +93,62 @@ TEST(CpuBackendCalls, CheckAcceptsRowsOfAnyLength) {
     EXPECT_TRUE(b->Check(c).ok()) << OpName(op);
   }
   b->Shutdown();
+}
+
+// Runs GeLU of `n` floats whose bytes are `pieces` (or, with none, `in` as it is) on a backend
+// gathering with `copy_threads`; the status, and the result in *out.
+absl::Status GeluOf(int copy_threads, const void* in, const HostPieces* pieces, int64_t n,
+                    std::vector<float>* out) {
+  CpuBackendOptions o;
+  o.copy_threads = copy_threads;
+  auto b = MakeCpuBackend(o);
+  out->assign(n, -7);
+  OpCall c;
+  c.op = Op::kGelu;
+  c.dtype = DType::kFloat32;
+  c.rows = 1;
+  c.cols = n;
+  c.inputs[0] = in;
+  c.input_pieces[0] = pieces;
+  c.output = out->data();
+  c.output_bytes = n * sizeof(float);
+  std::promise<absl::Status> done;
+  b->Submit(c, SteadyNowNs(), [&](absl::Status s, const OpTiming&) { done.set_value(s); });
+  absl::Status s = done.get_future().get();
+  b->Shutdown();
+  return s;
+}
+
+TEST(CpuBackendCalls, AnInputInPiecesOrUnalignedIsGatheredWithAnyCopyThreads) {
+  const int64_t n = (int64_t{5} << 20) / 4 + 3;  // past two 1 MiB parts, not a multiple of them
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 250;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
+  const size_t total = n * sizeof(float);
+  // Receive-slice-like pieces: an odd first one (cuts a float), empty ones, then 64 KiB each.
+  HostPieces pieces = {{bytes, 13}, {bytes + 13, 0}};
+  for (size_t at = 13; at < total; at += 64 << 10) {
+    pieces.push_back({bytes + at, std::min<size_t>(64 << 10, total - at)});
+    if (pieces.size() % 10 == 0) pieces.push_back({bytes + at, 0});
+  }
+  // The same floats one byte past an aligned address: copied to an aligned buffer first.
+  std::vector<uint8_t> shifted(total + 1);
+  std::memcpy(shifted.data() + 1, bytes, total);
+
+  std::vector<float> want, got;
+  ASSERT_TRUE(GeluOf(1, values.data(), nullptr, n, &want).ok());
+  EXPECT_NE(want[n - 1], -7.0f);  // computed
+  for (int threads : {1, 2, 4, 8}) {
+    ASSERT_TRUE(GeluOf(threads, bytes, &pieces, n, &got).ok()) << threads;
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), total)) << "pieces, threads " << threads;
+    ASSERT_TRUE(GeluOf(threads, shifted.data() + 1, nullptr, n, &got).ok()) << threads;
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), total)) << "unaligned, threads " << threads;
+  }
+  // Pieces short of the shape's bytes (the service never submits these): refused, not read past.
+  while (pieces.back().bytes == 0) pieces.pop_back();
+  pieces.pop_back();
+  const absl::Status s = GeluOf(2, bytes, &pieces, n, &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
 }
 
 }  // namespace

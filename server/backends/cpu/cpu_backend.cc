@@ -1,7 +1,8 @@
 // CpuBackend: runs OpCalls with kernels/cpu on a QueuedExecutor. Kernels read the request's
 // bytes where they arrived and write the reply's bytes in place; an operand that arrived in
 // several pieces (gRPC's receive slices), or whose start is not aligned to its element, is
-// first copied together into one buffer on the worker (one memcpy pass, the only copy).
+// first copied together into one buffer on the worker (one pass, the only copy; a large one is
+// spread over CpuBackendOptions::copy_threads, server/exec/parallel_copy.h).
 // Resident buffers are host memory, so a resident operand is used in place too.
 #include "server/backends/cpu/cpu_backend.h"
 
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
+#include "server/exec/parallel_copy.h"
 #include "server/exec/queued_executor.h"
 
 namespace fusebox {
@@ -32,8 +34,8 @@ void InputBytes(const OpCall& c, size_t in[3]) {
 }
 
 // Points c's inputs where the kernels can read them: in place when contiguous and aligned to
-// their element, else gathered into held[i].
-absl::Status MakeContiguous(OpCall* c, std::unique_ptr<uint8_t[]> held[3]) {
+// their element, else gathered into held[i] by up to `copy_threads` threads.
+absl::Status MakeContiguous(OpCall* c, std::unique_ptr<uint8_t[]> held[3], int copy_threads) {
   size_t bytes[3];
   InputBytes(*c, bytes);
   for (int i = 0; i < 3; ++i) {
@@ -46,13 +48,12 @@ absl::Status MakeContiguous(OpCall* c, std::unique_ptr<uint8_t[]> held[3]) {
           absl::StrCat("the CPU backend could not allocate ", bytes[i], " bytes for an input"));
     }
     if (c->input_pieces[i] == nullptr) {
-      std::memcpy(held[i].get(), c->inputs[i], bytes[i]);
-    } else {
-      uint8_t* at = held[i].get();
-      for (const HostPiece& piece : *c->input_pieces[i]) {
-        std::memcpy(at, piece.data, piece.bytes);
-        at += piece.bytes;
-      }
+      ParallelCopy(held[i].get(), c->inputs[i], bytes[i], copy_threads);
+    } else if (!GatherPieces(*c->input_pieces[i], size_t{0}, held[i].get(), bytes[i],
+                             copy_threads)) {
+      // The service checks that an operand's pieces hold its shape's bytes; never read past them.
+      return absl::InternalError(
+          absl::StrCat("input ", i, " arrived with fewer bytes than its shape's ", bytes[i]));
     }
     c->inputs[i] = held[i].get();
     c->input_pieces[i] = nullptr;
@@ -76,7 +77,9 @@ absl::Status RunOnCpu(const OpCall& c) {
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : run_here_bytes_(o.run_here_bytes), exec_("CPU", o.workers, o.queue_capacity) {}
+      : run_here_bytes_(o.run_here_bytes),
+        copy_threads_(CopyThreads(o.copy_threads)),
+        exec_("CPU", o.workers, o.queue_capacity) {}
   ~CpuBackend() override { Shutdown(); }
 
   std::string name() const override { return "cpu"; }
@@ -87,12 +90,12 @@ class CpuBackend final : public Backend {
     InputBytes(call, in);
     const size_t host = in[0] + in[1] + in[2] + call.output_bytes;
     const bool here = host <= run_here_bytes_;
-    exec_.Run(enqueued_ns, std::move(done), [call](int, OpTiming* t) {
+    exec_.Run(enqueued_ns, std::move(done), [call, copy_threads = copy_threads_](int, OpTiming* t) {
       if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
       OpCall c = call;
       std::unique_ptr<uint8_t[]> held[3];
       const int64_t gather = SteadyNowNs();
-      if (absl::Status s = MakeContiguous(&c, held); !s.ok()) return s;
+      if (absl::Status s = MakeContiguous(&c, held, copy_threads); !s.ok()) return s;
       const int64_t start = SteadyNowNs();
       if (held[0] || held[1] || held[2]) t->copy_in_us = (start - gather) / 1e3;
       absl::Status s = RunOnCpu(c);
@@ -160,6 +163,7 @@ class CpuBackend final : public Backend {
   };
 
   const size_t run_here_bytes_;
+  const int copy_threads_;
   QueuedExecutor exec_;
 };
 

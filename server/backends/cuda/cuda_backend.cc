@@ -370,7 +370,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
   }
   auto cache = cuda::NewMatmulAlgoCache();
   for (int i = 0; i < o.streams; ++i) {
-    auto w = StreamWorker::Create(o.staging_bytes, cache, b->pool_->pool);
+    auto w = StreamWorker::Create(o.staging_bytes, o.copy_threads, cache, b->pool_->pool);
     if (!w.ok()) return w.status();
     b->workers_.push_back(std::move(*w));
   }

@@ -26,6 +26,9 @@ struct CudaBackendOptions {
   // Hold each kernel behind the stream gate (stream_worker.h) so kernel_us is the kernel's own
   // time; off: one launch fewer per call, and kernel_us includes the launch's latency.
   bool kernel_gate = true;
+  // Threads that copy a call's host bytes into pinned staging (server/exec/parallel_copy.h):
+  // 0 = automatic (min(4, cores / 2)), 1 = the stream's own thread alone.
+  int copy_threads = 0;
 };
 
 }  // namespace fusebox

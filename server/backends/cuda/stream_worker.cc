@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/exec/backend.h"
+#include "server/exec/parallel_copy.h"
 #include "server/backends/cuda/stream_gate.h"
 
 namespace fusebox::cuda_backend {
@@ -19,8 +20,10 @@ constexpr uint64_t kGateTimeoutNs = 1000000;  // 1 ms
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
-    size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache, cudaMemPool_t pool) {
+    size_t staging_bytes, int copy_threads, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache,
+    cudaMemPool_t pool) {
   std::unique_ptr<StreamWorker> w(new StreamWorker());
+  w->copy_threads_ = CopyThreads(copy_threads);
   staging_bytes = std::max(staging_bytes, size_t{64} << 10);
   w->slots_ = static_cast<int>(std::clamp<size_t>(staging_bytes / kChunkBytes, 2, kMaxSlots));
   w->slot_bytes_ = (staging_bytes / w->slots_) & ~size_t{255};
@@ -95,7 +98,7 @@ cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
   for (int s = 0; s < count; ++s) {
     const auto* src = static_cast<const uint8_t*>(spans[s].host);
     auto* dst = static_cast<uint8_t*>(spans[s].device);
-    size_t piece = 0, piece_off = 0;  // the next source byte, when the source is in pieces
+    PiecePos pos;  // the next source byte, when the source is in pieces
     for (size_t off = 0; off < spans[s].bytes; off += slot_bytes_) {
       const size_t n = std::min(slot_bytes_, spans[s].bytes - off);
       // The slot's previous DMA must be done before the CPU overwrites it
@@ -104,19 +107,9 @@ cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
       if (e != cudaSuccess) return e;
       uint8_t* pin = pinned_in_ + slot * slot_bytes_;
       if (spans[s].pieces == nullptr) {
-        std::memcpy(pin, src + off, n);
-      } else {
-        const HostPieces& pieces = *spans[s].pieces;
-        for (size_t filled = 0; filled < n;) {
-          if (piece >= pieces.size()) return cudaErrorInvalidValue;  // fewer bytes than said
-          const size_t k = std::min(n - filled, pieces[piece].bytes - piece_off);
-          std::memcpy(pin + filled, static_cast<const uint8_t*>(pieces[piece].data) + piece_off, k);
-          filled += k;
-          if ((piece_off += k) == pieces[piece].bytes) {
-            ++piece;
-            piece_off = 0;
-          }
-        }
+        ParallelCopy(pin, src + off, n, copy_threads_);
+      } else if (!GatherPieces(*spans[s].pieces, &pos, pin, n, copy_threads_)) {
+        return cudaErrorInvalidValue;  // fewer bytes than said
       }
       if ((e = cudaMemcpyAsync(dst + off, pin, n, cudaMemcpyHostToDevice, stream_)) != cudaSuccess ||
           (e = cudaEventRecord(in_slot_ev_[slot], stream_)) != cudaSuccess) {

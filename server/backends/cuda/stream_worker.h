@@ -7,8 +7,10 @@
 // through the pinned staging buffer in chunks, pipelined: the CPU copies chunk
 // i+1 into one slot while the DMA engine moves chunk i out of another. With
 // 64 MiB of staging a direction cut into 16 slots of 4 MiB, a large copy costs
-// about its host memcpy (~16 GB/s on one thread) plus one chunk's DMA
-// (55 GB/s), instead of memcpy + DMA back to back.
+// about its host memcpy plus one chunk's DMA (55 GB/s), instead of memcpy + DMA
+// back to back. The host copy into a slot is spread over `copy_threads`
+// (server/exec/parallel_copy.h): on one thread it moved 7-16 GB/s, the slower
+// end for a request still in its 64 KiB receive slices.
 //
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
 // one stream, 2 x slots + 5 events, one mapped pinned word (the kernel gate),
@@ -45,9 +47,11 @@ struct HostSpan {
 class StreamWorker {
  public:
   // Creates everything on the current device; the cuBLASLt runner's timing scratch comes from
-  // `pool` (the backend's).
+  // `pool` (the backend's). CopyIn's host copies use up to `copy_threads` threads
+  // (CopyThreads: 0 = automatic).
   static absl::StatusOr<std::unique_ptr<StreamWorker>> Create(
-      size_t staging_bytes, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache, cudaMemPool_t pool);
+      size_t staging_bytes, int copy_threads, std::shared_ptr<cuda::MatmulAlgoCache> algo_cache,
+      cudaMemPool_t pool);
   ~StreamWorker();
   StreamWorker(const StreamWorker&) = delete;
   StreamWorker& operator=(const StreamWorker&) = delete;
@@ -106,6 +110,7 @@ class StreamWorker {
   uint8_t* pinned_out_ = nullptr;
   size_t slot_bytes_ = 0;
   int slots_ = 0;
+  int copy_threads_ = 1;
   std::vector<cudaEvent_t> in_slot_ev_, out_slot_ev_;  // per slot: its DMA has finished
   cudaEvent_t ev_[5] = {nullptr, nullptr, nullptr, nullptr, nullptr};
   uint32_t* gate_ = nullptr;             // mapped pinned word (host address)
