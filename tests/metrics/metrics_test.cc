@@ -33,6 +33,9 @@ class FakeBackend final : public Backend {
     s.workers = 4;
     s.device_memory_used = 1000;
     s.device_memory_total = 4000;
+    s.calls = 30;
+    s.launches = 12;
+    s.batched_calls = 20;
     return s;
   }
   void Shutdown() override {}
@@ -424,6 +427,14 @@ TEST_F(MetricsTest, BackendGaugesAreReadAtScrapeTime) {
   EXPECT_EQ(Value(s, "fusebox_device_memory_total_bytes", dev), 4000);
   backend_->queued = 2;
   EXPECT_EQ(Value(Scrape(), "fusebox_queued_calls", dev), 2);
+}
+
+TEST_F(MetricsTest, LaunchCountersComeFromTheBackend) {
+  const LabelSet dev = {{"device", "fake:0"}};
+  auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_op_calls_total", dev), 30);
+  EXPECT_EQ(Value(s, "fusebox_launches_total", dev), 12);
+  EXPECT_EQ(Value(s, "fusebox_batched_calls_total", dev), 20);
 }
 
 TEST_F(MetricsTest, ResidentTensorGaugesReadZeroWithoutASource) {

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "server/exec/backend.h"
+#include "server/exec/batcher.h"
 
 namespace fusebox {
 
@@ -15,6 +16,7 @@ struct CpuBackendOptions {
   // A call whose inline operands and result come to at most this many bytes runs on the thread
   // that submits it when a worker is free and none waits (QueuedExecutor's `here`); 0 = never.
   size_t run_here_bytes = 64 << 10;
+  BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "server/exec/backend.h"
+#include "server/exec/batcher.h"
 
 namespace fusebox {
 
@@ -26,6 +27,7 @@ struct CudaBackendOptions {
   // Hold each kernel behind the stream gate (stream_worker.h) so kernel_us is the kernel's own
   // time; off: one launch fewer per call, and kernel_us includes the launch's latency.
   bool kernel_gate = true;
+  BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
 };
 
 }  // namespace fusebox
