@@ -50,15 +50,20 @@ bool Batcher::Batchable(const OpCall& c) const {
 
 void Batcher::Submit(QueuedExecutor& exec, const OpCall& call, int64_t enqueued_ns, OpDone done,
                      bool here) {
-  if (!Batchable(call)) {
-    exec.Run(enqueued_ns, std::move(done), [this, call](int worker, OpTiming* t) {
-      if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
-      counters_.calls.fetch_add(1, std::memory_order_relaxed);
-      counters_.launches.fetch_add(1, std::memory_order_relaxed);
-      return run_(worker, call, t);
-    }, /*continuation=*/false, here);
+  auto alone = [this, call](int worker, OpTiming* t) {
+    if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
+    counters_.calls.fetch_add(1, std::memory_order_relaxed);
+    counters_.launches.fetch_add(1, std::memory_order_relaxed);
+    return run_(worker, call, t);
+  };
+  const bool batchable = Batchable(call);
+  if (!batchable) {
+    exec.Run(enqueued_ns, std::move(done), std::move(alone), /*continuation=*/false, here);
     return;
   }
+  // A call that can run here now finds nothing queued to batch with (and, without a wait, would
+  // wait for nothing): it runs alone, without being listed.
+  if (here && options_.wait_us == 0 && exec.TryRunHere(enqueued_ns, done, alone)) return;
   auto p = std::make_shared<Pending>();
   p->call = call;
   p->enqueued_ns = enqueued_ns;
@@ -86,7 +91,7 @@ void Batcher::Submit(QueuedExecutor& exec, const OpCall& call, int64_t enqueued_
   };
   exec.Run(enqueued_ns, std::move(answer),
            [this, p](int worker, OpTiming* t) { return RunBatch(p, worker, t); },
-           /*continuation=*/false, here && options_.wait_us == 0);
+           /*continuation=*/false, /*here=*/false);
 }
 
 void Batcher::Unlist(const std::shared_ptr<Pending>& p) {

@@ -64,9 +64,11 @@ class Batcher {
   // Whether `call` may be batched under these options.
   bool Batchable(const OpCall& call) const;
 
-  // Submits `call` to `exec` (as QueuedExecutor::Run with `here`): alone when not batchable,
-  // else listed here for other jobs of its key to take. A batchable call is never run on the
-  // submitting thread when wait_us > 0 (it would hold that thread while waiting).
+  // Submits `call` to `exec` (as QueuedExecutor::Run with `here`): alone when not batchable.
+  // A batchable call that can run on this thread now (`here`, a free slot, nothing queued, no
+  // wait) runs alone there, as before: nothing waits that it could join. Otherwise it is listed
+  // for other jobs of its key to take and queued; with wait_us > 0 it is always queued (it
+  // would hold this thread while waiting).
   void Submit(QueuedExecutor& exec, const OpCall& call, int64_t enqueued_ns, OpDone done,
               bool here);
 
