@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Batching A/B (issue 32): the server with each of the given flag sets in turn, interleaved over
-# ROUNDS rounds (one server at a time, started fresh per run), fusebox-perf closed loop at
+# ROUNDS rounds (even rounds in reverse order; one server at a time, started fresh per run), fusebox-perf closed loop at
 # CALLERS callers; per run: calls/s, client p50, the server's median queue_us and total_us, and
 # launches per call from /metrics (fusebox_launches_total / fusebox_op_calls_total).
 #
@@ -21,7 +21,11 @@ trap '[[ -n "$pid" ]] && kill $pid 2>/dev/null; rm -rf "$tmp"' EXIT
 metric() { curl -s "http://127.0.0.1:$mport/metrics" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 == n {print $2}' | head -1; }
 echo "round,flags,calls_per_s,p50_us,server_queue_us,server_total_us,calls,launches,launches_per_call"
 for round in $(seq 1 "${ROUNDS:-3}"); do
-  for flags in "${configs[@]}"; do
+  order=("${configs[@]}")
+  if (( round % 2 == 0 )); then  # even rounds run the configs in reverse order
+    order=(); for (( i=${#configs[@]}-1; i>=0; i-- )); do order+=("${configs[$i]}"); done
+  fi
+  for flags in "${order[@]}"; do
     mport=$(( 20000 + RANDOM % 20000 ))
     # shellcheck disable=SC2086
     "$server_bin" --address=127.0.0.1:0 --backend="${BACKEND:-cpu}" --metrics_address=127.0.0.1:$mport \
