@@ -111,8 +111,7 @@ void Batcher::TakeMore(const std::shared_ptr<Pending>& p,
   bool full = false;
   for (size_t i = 0; i < list.size(); ++i) {
     std::shared_ptr<Pending>& q = list[i];
-    // An abandoned call stays listed: its own job answers CANCELLED without running it.
-    if (!full && *bytes + q->in_bytes <= options_.max_batch_bytes && NotAbandoned(q->call).ok()) {
+    if (!full && *bytes + q->in_bytes <= options_.max_batch_bytes) {
       q->state = kTaken;
       *bytes += q->in_bytes;
       batch->push_back(std::move(q));
@@ -134,7 +133,6 @@ absl::Status Batcher::RunBatch(const std::shared_ptr<Pending>& p, int worker, Op
     if (p->state == kTaken) return absl::OkStatus();  // ran in another job's batch
     p->state = kOwned;
     Unlist(p);
-    if (absl::Status s = NotAbandoned(p->call); !s.ok()) return s;
     batch.push_back(p);
     TakeMore(p, &batch, &bytes);
     if (options_.wait_us > 0) {
@@ -147,15 +145,45 @@ absl::Status Batcher::RunBatch(const std::shared_ptr<Pending>& p, int worker, Op
       TakeMore(p, &batch, &bytes);
     }
   }
+  // Calls whose callers have gone are answered CANCELLED and left out, the one that started the
+  // batch included (asked here, outside mu_: `abandoned` is the RPC layer's code).
+  const int64_t start = SteadyNowNs();
+  absl::Status own = NotAbandoned(p->call);
+  size_t kept = own.ok() ? 1 : 0;  // batch[0, kept): the calls that run
+  for (size_t i = 1; i < batch.size(); ++i) {
+    if (absl::Status s = NotAbandoned(batch[i]->call); !s.ok()) {
+      OpTiming tq;
+      tq.stream = worker;
+      tq.queue_us = tq.total_us = (start - batch[i]->enqueued_ns) / 1e3;
+      batch[i]->done(std::move(s), tq);
+    } else {
+      if (kept != i) batch[kept] = std::move(batch[i]);
+      ++kept;
+    }
+  }
+  batch.resize(kept);
+  if (!own.ok()) {
+    // The rest still run, as a batch of their own on this worker.
+    if (!batch.empty()) {
+      OpTiming ignored;
+      RunTaken(batch, worker, start, &ignored, /*owner_included=*/false).IgnoreError();  // answered
+    }
+    return own;
+  }
+  return RunTaken(batch, worker, start, t, /*owner_included=*/true);
+}
+
+absl::Status Batcher::RunTaken(std::vector<std::shared_ptr<Pending>>& batch, int worker,
+                               int64_t start, OpTiming* t, bool owner_included) {
+  const std::shared_ptr<Pending> p = batch.front();
   const size_t n = batch.size();
   counters_.calls.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   counters_.launches.fetch_add(1, std::memory_order_relaxed);
-  if (n == 1) return run_(worker, p->call, t);
-  counters_.batched_calls.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+  if (n == 1 && owner_included) return run_(worker, p->call, t);
+  if (n > 1) counters_.batched_calls.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
 
   // One call over every row: the inputs as pieces, in order (the backend copies them together
   // as it does any call's pieces), the result into one host buffer split afterwards.
-  const int64_t start = SteadyNowNs();
   HostPieces pieces;
   pieces.reserve(n);
   int64_t rows = 0;
@@ -203,7 +231,8 @@ absl::Status Batcher::RunBatch(const std::shared_ptr<Pending>& p, int worker, Op
     }
     bt.copy_out_us += (SteadyNowNs() - split) / 1e3;
   }
-  for (size_t i = 1; i < n; ++i) {
+  // Each call but the owner (whose job's own `done` follows) is answered here.
+  for (size_t i = owner_included ? 1 : 0; i < n; ++i) {
     const Pending& q = *batch[i];
     OpTiming tq = bt;
     tq.stream = worker;

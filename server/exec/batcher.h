@@ -12,8 +12,8 @@
 //
 // Batchable: GeLU, softmax and row sum with inline (not resident) input and output, each at
 // most max_call_bytes in and out, sizes consistent (output_bytes is the result's size). Any
-// other call runs alone, as before. A call abandoned before it is taken is never taken: its own
-// job answers CANCELLED. Rows never mix (softmax / row sum work per row, GeLU per element), so
+// other call runs alone, as before. A call abandoned by the time its batch runs is left out and
+// answered CANCELLED, without being computed. Rows never mix (softmax / row sum work per row, GeLU per element), so
 // one call's values cannot change another's result.
 //
 // Timing of a batched call: queue_us its own (arrival to the batch's start), copy_in_us /
@@ -82,6 +82,10 @@ class Batcher {
 
   // The job of a batchable call: takes it and others of its key, runs them.
   absl::Status RunBatch(const std::shared_ptr<Pending>& p, int worker, OpTiming* t);
+  // Runs `batch` (taken, none abandoned; batch[0] its owner when owner_included) as one call
+  // from `start`; answers every call but an included owner, whose status it returns.
+  absl::Status RunTaken(std::vector<std::shared_ptr<Pending>>& batch, int worker, int64_t start,
+                        OpTiming* t, bool owner_included);
   // Removes p from its list (mu_ held).
   void Unlist(const std::shared_ptr<Pending>& p);
   // Takes listed calls of p's key into *batch while they fit (mu_ held).

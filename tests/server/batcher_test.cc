@@ -254,15 +254,15 @@ TEST(Batching, BadInputInOneCallNeverAffectsOthers) {
 
 TEST(Batching, BatchWaitBoundsTheWait) {
   BatchOptions o;
-  o.wait_us = 50'000;
+  o.wait_us = 200'000;
   auto b = OneWorker(o);
   // Alone, a call waits the whole wait for company, and not much longer.
   Call lone = MakeCall(Op::kGelu, DType::kFloat32, 1, 16, 1);
   const auto t0 = Clock::now();
   ASSERT_TRUE(Submit(b.get(), &lone).get().ok());
   const double waited_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  EXPECT_GE(waited_ms, 49);
-  EXPECT_LT(waited_ms, 2000);
+  EXPECT_GE(waited_ms, 199);
+  EXPECT_LT(waited_ms, 5000);
   ExpectOwnResult(lone);
 
   // A call that arrives within the wait joins the waiting one's launch.
@@ -286,7 +286,7 @@ TEST(Batching, BatchWaitBoundsTheWait) {
   const auto t1 = Clock::now();
   ASSERT_TRUE(Submit(nowait.get(), &quick).get().ok());
   const double quick_ms = std::chrono::duration<double, std::milli>(Clock::now() - t1).count();
-  EXPECT_LT(quick_ms, 45);
+  EXPECT_LT(quick_ms, 150);  // far below the 200 ms a waiting call takes
 }
 
 TEST(Batching, OffOrOverTheSizeCapEveryCallRunsAlone) {
