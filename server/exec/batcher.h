@@ -16,6 +16,9 @@
 // answered CANCELLED, without being computed. Rows never mix (softmax / row sum work per row, GeLU per element), so
 // one call's values cannot change another's result.
 //
+// A batch that fails (out of memory for the packed result, a CUDA error) answers each of its
+// calls with that status; calls of other batches and keys are not touched.
+//
 // Timing of a batched call: queue_us its own (arrival to the batch's start), copy_in_us /
 // kernel_us / copy_out_us / launch_us the batch's (the whole packed launch; copy_in includes
 // packing, copy_out the split), total_us its own (arrival to the end of the batch).
