@@ -50,6 +50,14 @@ ABSL_FLAG(int, copy_threads, kDefaults.backend.cpu.copy_threads,
           "threads that copy a large inline tensor from the pieces it arrived in into place "
           "(CUDA: pinned staging; CPU: one buffer), 1..64; 0 = automatic (min(4, cores / 2)), "
           "1 = the call's own thread alone");
+ABSL_FLAG(bool, batching, kDefaults.backend.cpu.batch.enabled,
+          "small GeLU / softmax / row-sum calls of one dtype and row length that wait for a "
+          "worker/stream at the same time run as one launch (server/exec/batcher.h)");
+ABSL_FLAG(int64_t, batch_max_kib, kDefaults.backend.cpu.batch.max_call_bytes >> 10,
+          "batching: a call's inline input (and result) at most this many KiB; 0 = batching off");
+ABSL_FLAG(int64_t, batch_wait_us, kDefaults.backend.cpu.batch.wait_us,
+          "batching: how long a call may wait for more calls of its kind before it runs; "
+          "0 = never wait (batch only calls already queued)");
 ABSL_FLAG(int64_t, queue_capacity, 1024,
           "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
@@ -201,6 +209,15 @@ int main(int argc, char** argv) {
     const int64_t kib = absl::GetFlag(FLAGS_run_here_kib);
     const size_t here = kib <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(kib, int64_t{1} << 30)) << 10;
     o.backend.cpu.run_here_bytes = o.backend.cuda.run_here_bytes = here;
+  }
+  {
+    fusebox::BatchOptions batch;
+    batch.enabled = absl::GetFlag(FLAGS_batching);
+    const int64_t kib = absl::GetFlag(FLAGS_batch_max_kib);
+    batch.max_call_bytes = kib <= 0 ? 0 : static_cast<size_t>(std::min<int64_t>(kib, 1 << 20)) << 10;
+    batch.max_batch_bytes = std::max(batch.max_batch_bytes, batch.max_call_bytes);
+    batch.wait_us = absl::GetFlag(FLAGS_batch_wait_us);
+    o.backend.cpu.batch = o.backend.cuda.batch = batch;
   }
   // MiB become bytes here; a value out of range (negative, or past int64 once in bytes)
   // becomes -1 (SIZE_MAX for staging), which CheckOptions refuses with the flag's range.

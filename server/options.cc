@@ -128,6 +128,10 @@ absl::Status CheckOptions(const ServerOptions& o) {
   if (b.cpu.queue_capacity < 1 || b.cuda.queue_capacity < 1) {
     return bad("--queue_capacity must be >= 1");
   }
+  if (b.cpu.batch.wait_us < 0 || b.cpu.batch.wait_us > 1000000 || b.cuda.batch.wait_us < 0 ||
+      b.cuda.batch.wait_us > 1000000) {
+    return bad("--batch_wait_us must be in 0..1000000");
+  }
   // GPU options only where the CUDA backend is tried.
   if (b.kind != "cpu") {
     if (b.cuda.streams < 1 || b.cuda.streams > kMaxCudaStreams) {

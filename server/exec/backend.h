@@ -122,6 +122,11 @@ struct BackendStats {
   int64_t workers = 0;              // size of the pool
   int64_t device_memory_used = 0;   // bytes; 0 on the CPU backend
   int64_t device_memory_total = 0;  // bytes; 0 on the CPU backend
+  // Counters since start (server/exec/batcher.h): op calls that reached a kernel launch,
+  // launches (a batch of calls is one), and calls that ran in a batch of two or more.
+  int64_t calls = 0;
+  int64_t launches = 0;
+  int64_t batched_calls = 0;
 };
 
 // Memory a backend holds for the tensor store: device memory on CUDA, host

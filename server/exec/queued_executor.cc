@@ -47,6 +47,10 @@ void QueuedExecutor::Run(int64_t enqueued_ns, OpDone done, Work work, bool conti
   }
 }
 
+bool QueuedExecutor::TryRunHere(int64_t enqueued_ns, const OpDone& done, const Work& work) {
+  return queue_.TryRunHere([&](int worker) { Timed(enqueued_ns, worker, work, done); });
+}
+
 void QueuedExecutor::FillStats(BackendStats* s) const {
   s->queued = static_cast<int64_t>(queue_.queued());
   s->busy = queue_.busy();

@@ -32,6 +32,10 @@ class QueuedExecutor {
   void Run(int64_t enqueued_ns, OpDone done, Work work, bool continuation = false,
            bool here = false);
 
+  // Runs `work` (and `done`) on this thread now when a worker's slot is free and nothing is
+  // queued (Run's `here`); false, with nothing run and `done` not called, otherwise.
+  bool TryRunHere(int64_t enqueued_ns, const OpDone& done, const Work& work);
+
   // Stops taking work, runs what is queued, joins the workers. Idempotent.
   void Shutdown() { queue_.Shutdown(); }
   bool stopping() const { return queue_.stopping(); }

@@ -314,6 +314,15 @@ prometheus::MetricFamily DeviceGauge(const char* name, const char* help,
   return f;
 }
 
+prometheus::MetricFamily DeviceCounter(const char* name, const char* help,
+                                       const std::string& device, int64_t value) {
+  auto f = Family(name, help, prometheus::MetricType::Counter);
+  auto x = Sample({{"device", device}});
+  x.counter.value = static_cast<double>(value);
+  f.metric.push_back(std::move(x));
+  return f;
+}
+
 // Gauges that belong to the backend and the tensor store, read when scraped.
 class BackendCollector final : public prometheus::Collectable {
  public:
@@ -353,6 +362,16 @@ class BackendCollector final : public prometheus::Collectable {
                     "Bytes of tensors held on the server by handle (the tensor store; 0 without "
                     "one).",
                     device_, r.bytes),
+        DeviceCounter("fusebox_op_calls_total",
+                      "Op calls that reached a kernel launch (server/exec/batcher.h).", device_,
+                      s.calls),
+        DeviceCounter("fusebox_launches_total",
+                      "Kernel launches of op calls; a batch of small calls is one "
+                      "(launches per call = this / fusebox_op_calls_total).",
+                      device_, s.launches),
+        DeviceCounter("fusebox_batched_calls_total",
+                      "Op calls that ran in a batch of two or more (--batching).", device_,
+                      s.batched_calls),
     };
   }
 

@@ -17,6 +17,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -418,6 +419,125 @@ TEST_F(CudaBackendTest, TimingsMatchTheWork) {
 
 // A device ordinal past the last is the caller's mistake: INVALID_ARGUMENT, which stops
 // --backend=auto instead of serving from the CPU (no GPU at all is UNAVAILABLE).
+// Batching (server/exec/batcher.h) on the GPU: small calls of one key queued while the only
+// stream is busy run as one launch (one copy in of the packed inputs, one kernel, one copy out
+// split into each call's output), each with its own correct result and sane timing; keys
+// never mix; inputs in pieces are packed too.
+class CudaBatchingTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    CudaBackendOptions o;
+    o.streams = 1;
+    std::string why;
+    backend_ = MakeBackend(o, &why);
+    if (!backend_) GTEST_SKIP() << "no CUDA backend here: " << why;
+  }
+  // Holds the only stream (its worker waits in a write's callback) until the future is set.
+  void Hold(std::shared_future<void> gate) {
+    auto buf = backend_->Allocate(4);
+    ASSERT_TRUE(buf.ok());
+    held_ = std::move(*buf);
+    auto started = std::make_shared<std::promise<void>>();
+    auto started_f = started->get_future();
+    backend_->SubmitWrite(held_.get(), 0, "abcd", 4, NowNs(),
+                          [started, gate](absl::Status, const OpTiming&) {
+                            started->set_value();
+                            gate.wait();
+                          });
+    started_f.wait();
+  }
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Buffer> held_;
+};
+
+TEST_F(CudaBatchingTest, SameKeyCallsQueuedTogetherRunAsOneLaunchEachWithItsOwnResult) {
+  uint64_t seed = 1;
+  for (Op op : {Op::kGelu, Op::kSoftmax, Op::kRowSum}) {
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(testing::Message() << OpName(op) << " " << DTypeName(dt));
+      std::vector<HostCall> calls;
+      std::vector<HostPieces> pieces(8);
+      for (int i = 0; i < 8; ++i) {
+        calls.push_back(MakeElementwise(op, dt, 1 + i, op == Op::kGelu ? 3 + 5 * i : 96, seed++));
+      }
+      for (int i = 0; i < 8; i += 2) {  // every other input arrives in two pieces
+        HostCall& h = calls[i];
+        const size_t half = h.in[0].size() / 2;
+        pieces[i] = {{h.in[0].data(), half}, {h.in[0].data() + half, h.in[0].size() - half}};
+        h.call.input_pieces[0] = &pieces[i];
+      }
+      const BackendStats before = backend_->stats();
+      std::promise<void> release;
+      Hold(release.get_future().share());
+      std::vector<std::future<Result>> done;
+      for (HostCall& h : calls) done.push_back(SubmitAsync(*backend_, h.call));
+      release.set_value();
+      for (size_t i = 0; i < calls.size(); ++i) {
+        const Result r = done[i].get();
+        ASSERT_TRUE(r.status.ok()) << r.status;
+        const ref::Comparison c = calls[i].Check(Tol(op, dt));
+        EXPECT_TRUE(c.ok) << "call " << i << " rel_error " << c.rel_error;
+        ExpectTimingSane(r.timing);
+      }
+      const BackendStats after = backend_->stats();
+      EXPECT_EQ(after.launches - before.launches, 1);
+      EXPECT_EQ(after.calls - before.calls, 8);
+      EXPECT_EQ(after.batched_calls - before.batched_calls, 8);
+    }
+  }
+}
+
+TEST_F(CudaBatchingTest, DifferentKeysNeverMixAndAbandonedCallsAreNotRun) {
+  std::vector<HostCall> calls;
+  uint64_t seed = 100;
+  for (int i = 0; i < 3; ++i) {
+    calls.push_back(MakeElementwise(Op::kSoftmax, DType::kFloat32, 2, 64, seed++));
+    calls.push_back(MakeElementwise(Op::kSoftmax, DType::kFloat32, 2, 32, seed++));
+    calls.push_back(MakeElementwise(Op::kSoftmax, DType::kFloat16, 2, 64, seed++));
+    calls.push_back(MakeElementwise(Op::kRowSum, DType::kFloat32, 2, 64, seed++));
+  }
+  HostCall gone = MakeElementwise(Op::kSoftmax, DType::kFloat32, 2, 64, seed++);
+  auto abandoned = std::make_shared<std::atomic<bool>>(false);
+  gone.call.abandoned = [abandoned] { return abandoned->load(); };
+  const BackendStats before = backend_->stats();
+  std::promise<void> release;
+  Hold(release.get_future().share());
+  std::vector<std::future<Result>> done;
+  for (HostCall& h : calls) done.push_back(SubmitAsync(*backend_, h.call));
+  auto gone_done = SubmitAsync(*backend_, gone.call);
+  *abandoned = true;
+  release.set_value();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Result r = done[i].get();
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_TRUE(calls[i].Check(Tol(calls[i].call.op, calls[i].call.dtype)).ok) << "call " << i;
+  }
+  EXPECT_EQ(gone_done.get().status.code(), absl::StatusCode::kCancelled);
+  for (uint8_t b : gone.out) ASSERT_EQ(b, 0xFF) << "the abandoned call was computed";
+  const BackendStats after = backend_->stats();
+  EXPECT_EQ(after.launches - before.launches, 4);  // one per key
+  EXPECT_EQ(after.calls - before.calls, 12);
+}
+
+TEST_F(CudaBatchingTest, ManyCallersOfMixedKeysEachGetTheirOwnResult) {
+  constexpr int kCallers = 32, kCallsEach = 20;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kCallers; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < kCallsEach; ++i) {
+        const Op op = (t + i) % 3 == 0 ? Op::kGelu : (t + i) % 3 == 1 ? Op::kSoftmax : Op::kRowSum;
+        const DType dt = t % 2 ? DType::kFloat32 : DType::kBFloat16;
+        HostCall h = MakeElementwise(op, dt, 1 + (i % 5), 64 + 32 * (t % 2), t * 1000 + i);
+        const Result r = SubmitSync(*backend_, h.call);
+        if (!r.status.ok() || !h.Check(Tol(op, dt)).ok) ++failures;
+      }
+    });
+  }
+  for (auto& th : callers) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
 TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
   std::string why;
   if (!OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;

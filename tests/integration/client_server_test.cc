@@ -490,6 +490,58 @@ TEST(ServerLifecycleTest, SigtermDrainsACallUnderWayRefusesNewOnesAndExitsZero) 
 
 // Three replicas without a proxy: the Router sends uploads to each in turn and every call
 // naming a handle to the replica that minted it (a handle elsewhere would be NOT_FOUND).
+// Batching end to end: a server that waits 2 ms for company batches nearly every call; 32
+// callers of mixed ops, dtypes and row lengths (some of 80 KiB, which arrive in gRPC's receive
+// slices and are batched as pieces) each get their own answer.
+TEST(BatchingEndToEnd, ConcurrentCallersOfMixedKindsGetTheirOwnAnswers) {
+  ServerProcess server;
+  ASSERT_TRUE(server.Start({"--batch_wait_us=2000", "--batch_max_kib=256"})) << server.error();
+  auto c = Client::Create(server.address());
+  ASSERT_TRUE(c->WaitForReady(std::chrono::seconds(10)));
+  constexpr int kThreads = 32, kCalls = 6;
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls && failures[t].empty(); ++i) {
+        const DType dt = kAllDTypes[(t + i) % 3];
+        const int64_t cols = (t % 2) ? 64 : 96;
+        const int64_t rows = (i == 0 && t % 4 == 0) ? 80 * 1024 / (cols * ElementSize(dt)) : 1 + i;
+        const uint64_t seed = FreshSeed();
+        const HostTensor x = Random(dt, {rows, cols}, seed);
+        absl::StatusOr<client::OpResult> r;
+        std::vector<double> want;
+        double tol = ref::DefaultTolerance(dt);
+        DType out_dt = dt;
+        switch ((t + 2 * i) % 3) {
+          case 0:
+            r = c->Gelu(x);
+            want = ref::Gelu(dt, x.data.data(), rows * cols);
+            break;
+          case 1:
+            r = c->Softmax(x);
+            want = ref::Softmax(dt, x.data.data(), rows, cols);
+            break;
+          default:
+            r = c->RowSum(x);
+            want = ref::RowSum(dt, x.data.data(), rows, cols);
+            tol = ref::RowSumTolerance(dt, x.data.data(), rows, cols, want);
+            out_dt = DType::kFloat32;
+            break;
+        }
+        if (!r.ok()) {
+          failures[t] = std::string(r.status().message());
+        } else if (!ref::Compare(out_dt, r->output.data.data(), want, tol).ok) {
+          failures[t] = "wrong result for " + Describe(dt, {rows, cols}, seed);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], "") << "thread " << t;
+  server.Stop();
+}
+
 TEST(RouterTest, CallsNamingAHandleReachTheReplicaHoldingIt) {
   ServerProcess servers[3];
   std::vector<std::string> targets;

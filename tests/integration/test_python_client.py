@@ -785,6 +785,8 @@ def test_open_reflection_streams_take_a_bounded_number_of_threads():
     ("--staging_mib=-1", "--staging_mib must be in 0..1048576"),
     ("--copy_threads=-1", "--copy_threads must be in 0..64"),
     ("--copy_threads=65", "--copy_threads must be in 0..64"),
+    ("--batch_wait_us=-1", "--batch_wait_us must be in 0..1000000"),
+    ("--batch_wait_us=1000001", "--batch_wait_us must be in 0..1000000"),
     ("--store_budget_mib=17592186044416", "must be in 0..8796093022207"),  # 2^44 MiB: past int64 bytes
     ("--max_tensor_mib=-1", "must be in 0..8796093022207"),
     ("--inflight_mib=-1", "--inflight_mib must be in 0..8796093022207"),

@@ -33,6 +33,9 @@ class FakeBackend final : public Backend {
     s.workers = 4;
     s.device_memory_used = 1000;
     s.device_memory_total = 4000;
+    s.calls = 30;
+    s.launches = 12;
+    s.batched_calls = 20;
     return s;
   }
   void Shutdown() override {}
@@ -426,6 +429,14 @@ TEST_F(MetricsTest, BackendGaugesAreReadAtScrapeTime) {
   EXPECT_EQ(Value(Scrape(), "fusebox_queued_calls", dev), 2);
 }
 
+TEST_F(MetricsTest, LaunchCountersComeFromTheBackend) {
+  const LabelSet dev = {{"device", "fake:0"}};
+  auto s = Scrape();
+  EXPECT_EQ(Value(s, "fusebox_op_calls_total", dev), 30);
+  EXPECT_EQ(Value(s, "fusebox_launches_total", dev), 12);
+  EXPECT_EQ(Value(s, "fusebox_batched_calls_total", dev), 20);
+}
+
 TEST_F(MetricsTest, ResidentTensorGaugesReadZeroWithoutASource) {
   const LabelSet dev = {{"device", "fake:0"}};
   metrics_->SetResidentTensorsSource(nullptr);
@@ -466,7 +477,7 @@ TEST_F(MetricsTest, EveryFamilyIsPrefixedAndHasHelp) {
     EXPECT_EQ(line.rfind("# HELP fusebox_", 0), 0u) << line;
     EXPECT_GT(line.size(), std::string("# HELP fusebox_x ").size() + 20) << line;
   }
-  EXPECT_EQ(ours, 12);
+  EXPECT_EQ(ours, 15);  // 12, and the three launch counters
 }
 
 TEST_F(MetricsTest, AddressInUseIsAnErrorNotACrash) {

@@ -8,12 +8,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
+#include "server/exec/batcher.h"
 #include "server/exec/parallel_copy.h"
 #include "server/exec/queued_executor.h"
 
@@ -74,11 +76,32 @@ absl::Status RunOnCpu(const OpCall& c) {
   return absl::InternalError("unknown op");
 }
 
+// One call (or a batch packed into one, batcher.h) on the worker: pieces and unaligned inputs
+// copied together first (copy_in_us), then the kernel (kernel_us).
+absl::Status RunCall(const OpCall& call, OpTiming* t, int copy_threads) {
+  OpCall c = call;
+  std::unique_ptr<uint8_t[]> held[3];
+  const int64_t gather = SteadyNowNs();
+  if (absl::Status s = MakeContiguous(&c, held, copy_threads); !s.ok()) return s;
+  const int64_t start = SteadyNowNs();
+  if (held[0] || held[1] || held[2]) t->copy_in_us = (start - gather) / 1e3;
+  absl::Status s = RunOnCpu(c);
+  t->kernel_us = (SteadyNowNs() - start) / 1e3;
+  return s;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
       : run_here_bytes_(o.run_here_bytes),
         copy_threads_(CopyThreads(o.copy_threads)),
+        batcher_(o.batch,
+                 [copy_threads = copy_threads_](int, const OpCall& call, OpTiming* t) {
+                   return RunCall(call, t, copy_threads);
+                 },
+                 [](size_t bytes) {
+                   return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+                 }),
         exec_("CPU", o.workers, o.queue_capacity) {}
   ~CpuBackend() override { Shutdown(); }
 
@@ -90,18 +113,7 @@ class CpuBackend final : public Backend {
     InputBytes(call, in);
     const size_t host = in[0] + in[1] + in[2] + call.output_bytes;
     const bool here = host <= run_here_bytes_;
-    exec_.Run(enqueued_ns, std::move(done), [call, copy_threads = copy_threads_](int, OpTiming* t) {
-      if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
-      OpCall c = call;
-      std::unique_ptr<uint8_t[]> held[3];
-      const int64_t gather = SteadyNowNs();
-      if (absl::Status s = MakeContiguous(&c, held, copy_threads); !s.ok()) return s;
-      const int64_t start = SteadyNowNs();
-      if (held[0] || held[1] || held[2]) t->copy_in_us = (start - gather) / 1e3;
-      absl::Status s = RunOnCpu(c);
-      t->kernel_us = (SteadyNowNs() - start) / 1e3;
-      return s;
-    }, /*continuation=*/false, here);
+    batcher_.Submit(exec_, call, enqueued_ns, std::move(done), here);
   }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
@@ -145,6 +157,7 @@ class CpuBackend final : public Backend {
   BackendStats stats() const override {
     BackendStats s;
     exec_.FillStats(&s);
+    batcher_.FillStats(&s);
     return s;
   }
 
@@ -164,6 +177,7 @@ class CpuBackend final : public Backend {
 
   const size_t run_here_bytes_;
   const int copy_threads_;
+  Batcher batcher_;  // before exec_: outlives the jobs that reach it
   QueuedExecutor exec_;
 };
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "server/exec/backend.h"
+#include "server/exec/batcher.h"
 
 namespace fusebox {
 
@@ -18,6 +19,7 @@ struct CpuBackendOptions {
   // Threads that gather an operand that arrived in pieces into one buffer
   // (server/exec/parallel_copy.h): 0 = automatic (min(4, cores / 2)), 1 = the worker alone.
   int copy_threads = 0;
+  BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -64,6 +64,7 @@
 #include "server/backends/cuda/pinned_pool.h"
 #include "server/backends/cuda/stream_worker.h"
 #include "server/backends/cuda/cuda_backend.h"
+#include "server/exec/batcher.h"
 #include "server/exec/queued_executor.h"
 
 #define FUSEBOX_EXPORT __attribute__((visibility("default")))
@@ -304,6 +305,7 @@ class CudaBackend final : public Backend {
   const std::shared_ptr<DirectRanges> direct_ = std::make_shared<DirectRanges>();
   PinnedPool* pinned_ = nullptr;  // released (not deleted) at destruction: pinned_pool.h
   std::vector<std::unique_ptr<StreamWorker>> workers_;
+  std::unique_ptr<Batcher> batcher_;  // before exec_: outlives the jobs that reach it
   std::unique_ptr<QueuedExecutor> exec_;
 
   std::atomic<bool> broken_{false};
@@ -375,6 +377,20 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
     b->workers_.push_back(std::move(*w));
   }
   b->exec_ = std::make_unique<QueuedExecutor>("CUDA", o.streams, o.queue_capacity);
+  // A call, or a batch of small ones packed into one (batcher.h): its pieces go in with one
+  // staged CopyIn, one kernel runs over every row, and its result comes back into one pinned
+  // buffer (one DMA) that the batcher splits into each call's output.
+  CudaBackend* self = b.get();
+  b->batcher_ = std::make_unique<Batcher>(
+      o.batch,
+      [self](int worker, const OpCall& call, OpTiming* t) -> absl::Status {
+        if (self->broken_.load()) return self->Broken();
+        if (cudaError_t e = cudaSetDevice(self->options_.device); e != cudaSuccess) {
+          return self->Fail(e, "cudaSetDevice", nullptr);
+        }
+        return self->RunCall(*self->workers_[worker], call, t);
+      },
+      [self](size_t bytes) { return self->AllocateHostBytes(bytes); });
   std::shared_ptr<DirectRanges> ranges = b->direct_;
   b->pinned_ = PinnedPool::Create(
       o.device, 4 * o.staging_bytes, [ranges](void* p, size_t n) { ranges->Add(p, n); },
@@ -482,12 +498,13 @@ void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
     for (int i = 0; i < 3; ++i) host += call.input_resident[i] ? 0 : sizes->in[i];
     host += call.output_resident ? 0 : sizes->out;
   }
-  Enqueue(enqueued_ns, std::move(done),
-          [this, call](StreamWorker& w, OpTiming* t) {
-            if (absl::Status s = NotAbandoned(call); !s.ok()) return s;
-            return RunCall(w, call, t);
-          },
-          /*continuation=*/false, /*here=*/host <= options_.run_here_bytes);
+  if (broken_.load()) {
+    done(Broken(), OpTiming{});
+    return;
+  }
+  // The batcher asks NotAbandoned; RunOne (Create) checks for a broken device and sets it.
+  batcher_->Submit(*exec_, call, enqueued_ns, std::move(done),
+                   /*here=*/host <= options_.run_here_bytes);
 }
 
 void CudaBackend::SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes,
@@ -635,6 +652,7 @@ absl::StatusOr<std::unique_ptr<Buffer>> CudaBackend::OpenIpcMemory(const std::st
 BackendStats CudaBackend::stats() const {
   BackendStats s;
   if (exec_) exec_->FillStats(&s);
+  if (batcher_) batcher_->FillStats(&s);
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = SteadyNowNs();
   if (!broken_.load() && now - mem_checked_ns_ > kStatsRefreshNs) {

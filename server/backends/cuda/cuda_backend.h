@@ -8,6 +8,7 @@
 #include <cstddef>
 
 #include "server/exec/backend.h"
+#include "server/exec/batcher.h"
 
 namespace fusebox {
 
@@ -29,6 +30,7 @@ struct CudaBackendOptions {
   // Threads that copy a call's host bytes into pinned staging (server/exec/parallel_copy.h):
   // 0 = automatic (min(4, cores / 2)), 1 = the stream's own thread alone.
   int copy_threads = 0;
+  BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
 };
 
 }  // namespace fusebox
