@@ -138,6 +138,16 @@ class Hold {
   std::atomic<bool> started_{false};
 };
 
+// Submits every call while the backend's only worker is held (so they queue together), releases
+// it, and waits for each call to finish OK.
+void RunQueuedTogether(Backend* b, std::vector<Call>* calls) {
+  Hold hold(b);
+  std::vector<std::shared_future<absl::Status>> done;
+  for (Call& c : *calls) done.push_back(Submit(b, &c));
+  hold.Release();
+  for (auto& d : done) ASSERT_TRUE(d.get().ok()) << d.get();
+}
+
 std::unique_ptr<Backend> OneWorker(BatchOptions batch = {}) {
   CpuBackendOptions o;
   o.workers = 1;
@@ -156,11 +166,7 @@ TEST(Batching, SameKeyCallsQueuedTogetherRunAsOneLaunchEachWithItsOwnResult) {
         calls.push_back(MakeCall(op, dt, 1 + i, cols, 100 + i));
       }
       const BackendStats before = b->stats();
-      Hold hold(b.get());
-      std::vector<std::shared_future<absl::Status>> done;
-      for (Call& c : calls) done.push_back(Submit(b.get(), &c));
-      hold.Release();
-      for (auto& d : done) ASSERT_TRUE(d.get().ok()) << d.get();
+      ASSERT_NO_FATAL_FAILURE(RunQueuedTogether(b.get(), &calls));
       const BackendStats after = b->stats();
       EXPECT_EQ(after.launches - before.launches, 1) << OpName(op) << " " << DTypeName(dt);
       EXPECT_EQ(after.calls - before.calls, 8);
@@ -182,11 +188,7 @@ TEST(Batching, DifferentKeysNeverMix) {
     calls.push_back(MakeCall(Op::kGelu, DType::kFloat32, 2, 64, ++seed));     // op
   }
   const BackendStats before = b->stats();
-  Hold hold(b.get());
-  std::vector<std::shared_future<absl::Status>> done;
-  for (Call& c : calls) done.push_back(Submit(b.get(), &c));
-  hold.Release();
-  for (auto& d : done) ASSERT_TRUE(d.get().ok()) << d.get();
+  ASSERT_NO_FATAL_FAILURE(RunQueuedTogether(b.get(), &calls));
   const BackendStats after = b->stats();
   EXPECT_EQ(after.launches - before.launches, 5);  // one per key
   EXPECT_EQ(after.calls - before.calls, 15);
@@ -299,11 +301,7 @@ TEST(Batching, OffOrOverTheSizeCapEveryCallRunsAlone) {
     std::vector<Call> calls;
     for (int i = 0; i < 6; ++i) calls.push_back(MakeCall(Op::kSoftmax, DType::kFloat32, 8, 64, i));
     const BackendStats before = b->stats();
-    Hold hold(b.get());
-    std::vector<std::shared_future<absl::Status>> done;
-    for (Call& c : calls) done.push_back(Submit(b.get(), &c));
-    hold.Release();
-    for (auto& d : done) ASSERT_TRUE(d.get().ok()) << d.get();
+    ASSERT_NO_FATAL_FAILURE(RunQueuedTogether(b.get(), &calls));
     const BackendStats after = b->stats();
     EXPECT_EQ(after.launches - before.launches, 6);
     EXPECT_EQ(after.calls - before.calls, 6);
@@ -319,11 +317,7 @@ TEST(Batching, ABatchStopsAtItsByteCap) {
   std::vector<Call> calls;
   for (int i = 0; i < 7; ++i) calls.push_back(MakeCall(Op::kRowSum, DType::kFloat32, 4, 64, i));
   const BackendStats before = b->stats();
-  Hold hold(b.get());
-  std::vector<std::shared_future<absl::Status>> done;
-  for (Call& c : calls) done.push_back(Submit(b.get(), &c));
-  hold.Release();
-  for (auto& d : done) ASSERT_TRUE(d.get().ok()) << d.get();
+  ASSERT_NO_FATAL_FAILURE(RunQueuedTogether(b.get(), &calls));
   const BackendStats after = b->stats();
   EXPECT_EQ(after.launches - before.launches, 3);  // 3 + 3 + 1
   for (const Call& c : calls) ExpectOwnResult(c);
