@@ -488,16 +488,14 @@ void CudaBackend::Enqueue(int64_t enqueued_ns, OpDone done, Work work, bool cont
 }
 
 void CudaBackend::Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) {
-  if (absl::Status s = Check(call); !s.ok()) {  // refused before it waits in the queue
-    done(std::move(s), OpTiming{});
+  const absl::StatusOr<Sizes> sizes = SizesOf(call);  // what Check asks
+  if (!sizes.ok()) {  // refused before it waits in the queue
+    done(sizes.status(), OpTiming{});
     return;
   }
   // Bytes the host moves for it: inline operands and an inline result (resident ones move none).
-  size_t host = 0;
-  if (const absl::StatusOr<Sizes> sizes = SizesOf(call); sizes.ok()) {
-    for (int i = 0; i < 3; ++i) host += call.input_resident[i] ? 0 : sizes->in[i];
-    host += call.output_resident ? 0 : sizes->out;
-  }
+  size_t host = call.output_resident ? 0 : sizes->out;
+  for (int i = 0; i < 3; ++i) host += call.input_resident[i] ? 0 : sizes->in[i];
   if (broken_.load()) {
     done(Broken(), OpTiming{});
     return;
@@ -879,11 +877,13 @@ absl::Status CudaBackend::RunRead(StreamWorker& w, void* dst, const void* src, s
   int64_t tail_ns = 0;
   cudaError_t e = OrderAfterAllocations(w);
   if (e == cudaSuccess) e = cudaEventRecord(w.ev_kernel(), w.stream());
-  if (e == cudaSuccess) {  // pinned memory (a reply's, shared memory): one DMA
-    e = direct_->Contains(dst, bytes)
-            ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, w.stream())
-            : w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
-    if (e == cudaSuccess && direct_->Contains(dst, bytes)) e = cudaEventRecord(w.ev_out(), w.stream());
+  if (e == cudaSuccess) {
+    if (direct_->Contains(dst, bytes)) {  // pinned memory (a reply's, shared memory): one DMA
+      e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, w.stream());
+      if (e == cudaSuccess) e = cudaEventRecord(w.ev_out(), w.stream());
+    } else {
+      e = w.CopyOut(HostSpan{dst, const_cast<void*>(src), bytes}, w.ev_out(), &tail_ns);
+    }
   }
   if (e == cudaSuccess) e = cudaStreamSynchronize(w.stream());
   if (e != cudaSuccess) return FailAndDrain(e, "copy from a resident tensor", w);
