@@ -91,6 +91,9 @@ constexpr int kTinyThreads = 128;
 // SoftmaxProgramKernel (a block per row, few values per thread: latency-bound sizes, where the
 // short-row kernel's warp per row with up to 128 values per lane lost to Triton's one-row program,
 // fp16 2x4096 0.53x, bf16 33x251 0.66x, under graph replay).
+// Taken automatically only once the device has measured it on the sweep (lab/notes/kernels.md);
+// until then KernelChoice::row_program forces it.
+constexpr bool kProgramAutomatic = false;
 constexpr int64_t kProgramMaxBytes = 8 << 20;
 constexpr int kProgramMaxCols = 16384;
 
@@ -1293,7 +1296,8 @@ bool ForcesOther(const KernelChoice& k) {
 // The automatic row program (SoftmaxProgramKernel): tensors up to kProgramMaxBytes of rows of
 // kTileMaxCols + 1 .. kProgramMaxCols columns, nothing else forced.
 bool ProgramAuto(const KernelChoice& k, int64_t rows, int64_t cols, size_t elem) {
-  return k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols && cols <= kProgramMaxCols &&
+  return kProgramAutomatic && k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols &&
+         cols <= kProgramMaxCols &&
          rows * cols * static_cast<int64_t>(elem) <= kProgramMaxBytes;
 }
 

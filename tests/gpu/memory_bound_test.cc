@@ -734,8 +734,12 @@ TEST_P(MemoryBound, RowSumPackedRows) {
   for (int64_t nacc = 1; nacc < 8; ++nacc) {
     const int64_t cols = nacc * w;
     char desc[128];
-    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), many, cols, KernelChoice{}, desc, sizeof desc);
-    EXPECT_EQ(std::string(desc).rfind("rowsum/packed ", 0), 0u) << desc;
+    KernelChoice four;
+    four.rows_per_lane = 4;
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), many, cols, four, desc, sizeof desc);
+    const std::string want = "rowsum/packed tpr=" + std::to_string(nacc == 1 ? 1 : nacc <= 2 ? 2 : nacc <= 4 ? 4 : 8) +
+                             " r=4 t=256 cs";
+    EXPECT_EQ(std::string(desc), want);
     for (int r : {1, 2, 4, 8}) {
       SCOPED_TRACE(::testing::Message() << "x" << cols << " rows per lane " << r);
       KernelChoice k;
@@ -799,9 +803,9 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
-// The row program (a block per row of 65-16384 columns, the row in registers): every block size
-// on rows up to 32 values per thread, aligned rows (vectors), odd rows and offsets (scalars), in and
-// out at different offsets, special rows; the automatic choice for tensors up to 8 MiB; refusals.
+// The row program (a block per row of 65-16384 columns, the row in registers), forced: every block
+// size on rows up to 32 values per thread, aligned rows (vectors), odd rows and offsets (scalars), in
+// and out at different offsets, special rows; the shape it picks; refusals.
 TEST_P(MemoryBound, SoftmaxRowPrograms) {
   const DType dt = GetParam();
   KernelChoice k;
@@ -817,12 +821,15 @@ TEST_P(MemoryBound, SoftmaxRowPrograms) {
       CheckSoftmax(7, cols, {0, 0}, k, SpecialSoftmaxRows(dt, cols));
     }
   }
+  KernelChoice on;  // block size chosen by the row length
+  on.row_program = 1;
   for (int64_t cols : {65, 251, 4096, 16384}) {
-    SCOPED_TRACE(::testing::Message() << "automatic, x" << cols);
-    CheckSoftmax(5, cols, {0, 0}, KernelChoice{});
-    CheckSoftmax(5, cols, {1, 1}, KernelChoice{}, SpecialSoftmaxRows(dt, cols));
+    SCOPED_TRACE(::testing::Message() << "threads by row length, x" << cols);
+    CheckSoftmax(5, cols, {0, 0}, on);
+    CheckSoftmax(5, cols, {1, 1}, on, SpecialSoftmaxRows(dt, cols));
   }
-  auto describe = [dt](int64_t rows, int64_t cols, size_t off, const KernelChoice& c = {}) {
+  auto describe = [dt, on](int64_t rows, int64_t cols, size_t off, const KernelChoice& c_or_on = {}) {
+    const KernelChoice& c = c_or_on.row_program != 0 ? c_or_on : on;
     char desc[128];
     const void* p = reinterpret_cast<const void*>(kGuard + off);
     cuda::DescribeSoftmax(dt, p, p, rows, cols, c, desc, sizeof desc);
@@ -832,10 +839,7 @@ TEST_P(MemoryBound, SoftmaxRowPrograms) {
   EXPECT_EQ(describe(33, 251, 0), "softmax/program scalar t=128 j=2");
   EXPECT_EQ(describe(1, 16384, 16), describe(1, 16384, 0));  // a vector's offset keeps vectors
   EXPECT_EQ(describe(7, 1000, ElementSize(dt)), "softmax/program scalar t=128 j=8");
-  const int64_t big_rows = (int64_t{8} << 20) / (1000 * static_cast<int64_t>(ElementSize(dt))) + 1;
-  EXPECT_EQ(describe(big_rows, 1000, 0).rfind("softmax/program", 0), std::string::npos);  // > 8 MiB
-  EXPECT_EQ(describe(5, 16385, 0).rfind("softmax/program", 0), std::string::npos);
-  EXPECT_EQ(describe(5, 64, 0).rfind("softmax/program", 0), std::string::npos);
+  EXPECT_EQ(describe(5, 16385, 0), "softmax/invalid");  // past 16384 columns
   KernelChoice never;
   never.row_program = -1;
   EXPECT_EQ(describe(2, 4096, 0, never).rfind("softmax/program", 0), std::string::npos);
@@ -1221,12 +1225,8 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=2 e=8 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
-  // Aligned rows of 1-7 whole vectors: the packed kernel (2 lanes per row of 2 vectors); at an
-  // offset the same rows take the tile.
-  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16), "rowsum/packed tpr=2 r=4 t=256 cs");
-  EXPECT_EQ(rs(f32, aligned, 1000, 4), "rowsum/packed tpr=1 r=4 t=256 cs");
-  EXPECT_EQ(rs(f32, aligned, 1000, 28), "rowsum/packed tpr=8 r=4 t=256 cs");
-  EXPECT_EQ(rs(f16, aligned, 1000, 24), "rowsum/packed tpr=4 r=4 t=256 cs");
+  // Aligned rows of 1-7 whole vectors: the tile (the packed kernel is forced only, so far).
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
   EXPECT_EQ(rs(bf16, plus1, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 1000, 17).rfind("rowsum/tile ", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
@@ -1262,8 +1262,7 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   // Few rows of 4096+ accesses: the split path with more blocks (bf16 7x128256: 8 per row).
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 7, 128256), size_t{7 * 8 * 8});
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 3, 65521), size_t{3 * 8 * 8});
-  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), 0u);  // a row program (64 KiB)
-  EXPECT_GT(cuda::SoftmaxWorkspaceBytes(f32, 1, 16388), 0u);
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), size_t{2 * 8});
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16380), 0u);  // 4095 accesses
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 132, 128256), 0u);  // enough rows
 }
