@@ -4,8 +4,8 @@
 // Cost: reads every element once (rows cols sizeof(T) bytes) and writes rows floats; about one
 // add per element. Read-only streaming: each thread keeps several 16-byte loads in flight.
 // Kernels, picked by row length in 16-byte accesses (nacc = cols / W, W = 16 / sizeof(T)):
-//  - aligned rows of 1-7 whole 16-byte accesses (fp32 4-28 columns, 2-byte 8-56, by W), forced
-//    (KernelChoice::rows_per_lane) until measured on the device: the packed kernel, Pow2Ceil(nacc) lanes per row with one access each and R rows per lane (R
+//  - aligned rows of 1-7 whole 16-byte accesses (fp32 4-28 columns, 2-byte 8-56, by W): the
+//    packed kernel, Pow2Ceil(nacc) lanes per row with one access each and R rows per lane (R
 //    loads in flight), a block reading R spans of 4 KiB (RowSumPackedKernel).
 //  - other rows of <= 64 columns under 128 bytes or not whole aligned vectors (cols = 1, 7, 33, ...):
 //    the tile kernel, a block's ~8 KiB of consecutive rows read as one flat span of 16-byte
@@ -50,9 +50,6 @@ constexpr int kLongUnroll = 4;  // long rows: the fewest loads in flight per thr
 constexpr bool kDefaultStreaming = true;  // .cs loads unless KernelChoice::streaming says
 constexpr int kFillBlocks = 264;          // two blocks per SM of the H200 (132 SMs)
 constexpr int kPackedRows = 4;            // the packed kernel's rows per lane (loads in flight)
-// The packed kernel is taken automatically only once the device has measured it against the tile
-// on the sweep (lab/notes/kernels.md); until then KernelChoice::rows_per_lane forces it.
-constexpr bool kPackedAutomatic = false;
 
 template <typename T, int W>
 __device__ __forceinline__ float SumAccess(const typename Pack<T, W>::Raw& r) {
@@ -525,8 +522,8 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, int64_t rows, int64_
                       k.long_rows != 0 || k.pipeline != 0 || k.cluster != 0 || k.split != 0;
   // Aligned rows of 1-7 whole vectors: the packed kernel, kPackedRows rows per lane unless
   // KernelChoice::rows_per_lane says (-1: never; then the tile or the short-row kernel as before).
-  if (k.rows_per_lane > 0 ||
-      (kPackedAutomatic && k.rows_per_lane == 0 && k.tile == 0 && !others && p->vec && nacc < 8)) {
+  // Sweep on an H100 (lab/notes/kernels.md): rows of 16 at 1.05-1.07x of Triton, from 0.64-0.88x.
+  if (k.rows_per_lane > 0 || (k.rows_per_lane == 0 && k.tile == 0 && !others && p->vec && nacc < 8)) {
     if (!p->vec || nacc >= 8) return cudaErrorInvalidValue;
     p->packed = k.rows_per_lane > 0 ? k.rows_per_lane : kPackedRows;
     p->tpr = Pow2Ceil(nacc);

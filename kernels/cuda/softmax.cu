@@ -87,15 +87,18 @@ constexpr int kFewRowsSplitMin = 4096;
 // under graph replay) instead of the tile; 128-thread blocks (the probe: 64-256 alike).
 constexpr int64_t kTinyMaxBytes = 128 * 1024;
 constexpr int kTinyThreads = 128;
-// Tensors up to this many bytes of rows of kTileMaxCols + 1 .. kProgramMaxCols columns take
-// SoftmaxProgramKernel (a block per row, few values per thread: latency-bound sizes, where the
-// short-row kernel's warp per row with up to 128 values per lane lost to Triton's one-row program,
-// fp16 2x4096 0.53x, bf16 33x251 0.66x, under graph replay).
-// Taken automatically only once the device has measured it on the sweep (lab/notes/kernels.md);
-// until then KernelChoice::row_program forces it.
-constexpr bool kProgramAutomatic = false;
-constexpr int64_t kProgramMaxBytes = 8 << 20;
+// Tensors up to kProgramMaxBytes of at most kProgramMaxRows rows of kTileMaxCols + 1 ..
+// kProgramMaxCols columns take SoftmaxProgramKernel (a block per row, few values per thread:
+// latency-bound sizes, where the short-row kernel's warp per row with up to 128 values per lane
+// lost to Triton's one-row program, fp16 2x4096 0.53x, bf16 33x251 0.66x, under graph replay).
+// The limits are where it won in the sweep (lab/notes/kernels.md): with 4093 rows of 127 columns
+// a block per row of one value per thread ran 0.65x against the short-row kernel's 1.12x; fp32
+// rows of scalars past 4096 columns (5x7963, 36x8505: 16-32 loads per thread) 0.93-0.96x against
+// the row-block kernel's vectors and edges 1.01-1.02x; 7 MiB of fp16 11008-column rows 0.78x.
+constexpr int64_t kProgramMaxBytes = 4 << 20;
+constexpr int64_t kProgramMaxRows = 1024;
 constexpr int kProgramMaxCols = 16384;
+constexpr int kProgramMaxScalarCols4 = 4096;  // 4-byte rows read as scalars
 
 // e^(x - m) for a fixed m, in the form that m allows: Term (m = -inf: -inf inputs give 0 without
 // making -inf - -inf), ExpFma (one FFMA; finite |m| <= kFmaExpMaxAbs, and only when `fma`), else
@@ -1291,14 +1294,15 @@ int SplitWanted(const KernelChoice& k, int64_t rows, int nacc, bool vec) {
 // forces, not the automatic tile, tiny or row-program kernel).
 bool ForcesOther(const KernelChoice& k) {
   return k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 || k.long_rows != 0 ||
-         k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 || k.split != 0 || k.smem_bytes != 0;
+         k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 || k.split != 0 || k.smem_bytes != 0 ||
+         k.streaming != 0 || k.exp_fma != 0 || k.prefetch != 0 || k.split_wait_us != 0;
 }
-// The automatic row program (SoftmaxProgramKernel): tensors up to kProgramMaxBytes of rows of
-// kTileMaxCols + 1 .. kProgramMaxCols columns, nothing else forced.
-bool ProgramAuto(const KernelChoice& k, int64_t rows, int64_t cols, size_t elem) {
-  return kProgramAutomatic && k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols &&
-         cols <= kProgramMaxCols &&
-         rows * cols * static_cast<int64_t>(elem) <= kProgramMaxBytes;
+// The automatic row program (SoftmaxProgramKernel), nothing else forced: see kProgramMaxBytes.
+// `vec`: the rows are read as 16-byte vectors (else scalars).
+bool ProgramAuto(const KernelChoice& k, int64_t rows, int64_t cols, size_t elem, bool vec) {
+  return k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols && cols <= kProgramMaxCols &&
+         rows <= kProgramMaxRows && rows * cols * static_cast<int64_t>(elem) <= kProgramMaxBytes &&
+         (vec || elem != 4 || cols <= kProgramMaxScalarCols4);
 }
 
 template <typename T>
@@ -1349,11 +1353,12 @@ cudaError_t MakePlan(const KernelChoice& k, const void* in, const void* out, int
     return cudaSuccess;
   }
   if (k.tile < -1 || k.tile > 2) return cudaErrorInvalidValue;
-  // Tensors of a few MiB of rows of 65-16384 columns: a block per row (SoftmaxProgramKernel),
-  // vectors on aligned rows of whole vectors, scalars otherwise; about 8 values per thread
-  // (128-512 threads). KernelChoice::row_program = 1 forces it (threads as k.threads), -1 never.
+  // Tensors of a few MiB of up to 1024 rows of 65-16384 columns (ProgramAuto): a block per row
+  // (SoftmaxProgramKernel), vectors on aligned rows of whole vectors, scalars otherwise; about 8
+  // values per thread (128-512 threads). KernelChoice::row_program = 1 forces it (threads as
+  // k.threads), -1 never.
   if (k.row_program < -1 || k.row_program > 1) return cudaErrorInvalidValue;
-  if (k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T))) {
+  if (k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T), p->vec)) {
     if (cols > kProgramMaxCols || rows > INT_MAX) return cudaErrorInvalidValue;
     p->kind = Kind::kProgram;
     const int64_t n = p->vec ? cols / W : cols;
@@ -1698,7 +1703,7 @@ size_t WorkspaceBytesT(const KernelChoice& k, int64_t rows, int64_t cols) {
   // head and tail where the rows are not aligned.
   constexpr int W = 16 / sizeof(T);
   const int64_t nacc = cols / W;
-  if (nacc > kMaxRowAccesses || k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T))) return 0;
+  if (nacc > kMaxRowAccesses || k.row_program > 0 || ProgramAuto(k, rows, cols, sizeof(T), cols % W == 0)) return 0;
   return SplitBytes(rows, SplitWanted<T>(k, rows, static_cast<int>(nacc), true));
 }
 

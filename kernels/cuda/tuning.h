@@ -74,11 +74,12 @@ namespace fusebox::cuda {
 //   tile_elems        the tile kernels: a row's elements per lane, 4, 8 or 16 (lanes per row =
 //                     the power of two that covers the row with that many); 0 = automatic
 //   rows_per_lane     row sum, aligned rows of 1-7 whole 16-byte accesses: the packed kernel with
-//                     this many rows per lane (1, 2, 4, 8: its loads in flight); 0 = automatic (not
-//                     taken automatically until measured on the device); -1 = never
+//                     this many rows per lane (1, 2, 4, 8: its loads in flight); 0 = automatic (the
+//                     packed kernel with 4, unless another short-row field is forced); -1 = never
 //   row_program       softmax, rows of 65-16384 columns: 1 = a block per row holding the row in
 //                     registers (threads: 128, 256 or 512, else automatic), -1 = never; 0 =
-//                     automatic (not taken automatically until measured on the device)
+//                     automatic (up to 1024 rows and 4 MiB, not fp32 scalar rows past 4096
+//                     columns, when no other field is forced)
 // GeLU uses vectors_per_thread (1, 2, 4, 8), threads (32..1024) and streaming.
 struct KernelChoice {
   int threads_per_row = 0;

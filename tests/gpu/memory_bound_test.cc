@@ -537,8 +537,9 @@ TEST_P(MemoryBound, SoftmaxExactRows) {
   const int64_t w = 16 / static_cast<int64_t>(ElementSize(dt));
   auto describe = [dt](int64_t cols, const KernelChoice& k) {
     char desc[128];
-    cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 7, cols,
-                          k, desc, sizeof desc);
+    // 4097 rows: past the row program's 1024 (the kernels below are what larger tensors get).
+    cuda::DescribeSoftmax(dt, reinterpret_cast<const void*>(kGuard), reinterpret_cast<const void*>(kGuard), 4097,
+                          cols, k, desc, sizeof desc);
     return std::string(desc);
   };
   const KernelChoice exp_once = bench::Choice(0, 0, 0, 0, 0, 0, 0, 0, 1);  // 4-byte one-block rows too
@@ -740,6 +741,8 @@ TEST_P(MemoryBound, RowSumPackedRows) {
     const std::string want = "rowsum/packed tpr=" + std::to_string(nacc == 1 ? 1 : nacc <= 2 ? 2 : nacc <= 4 ? 4 : 8) +
                              " r=4 t=256 cs";
     EXPECT_EQ(std::string(desc), want);
+    cuda::DescribeRowSum(dt, reinterpret_cast<const void*>(kGuard), many, cols, KernelChoice{}, desc, sizeof desc);
+    EXPECT_EQ(std::string(desc), want);  // the automatic choice
     for (int r : {1, 2, 4, 8}) {
       SCOPED_TRACE(::testing::Message() << "x" << cols << " rows per lane " << r);
       KernelChoice k;
@@ -803,9 +806,9 @@ TEST(RowSumPlan, KernelForEachRowLength) {
   EXPECT_EQ(describe(bf16, aligned, 1000, 127).find("exact"), std::string::npos);
 }
 
-// The row program (a block per row of 65-16384 columns, the row in registers), forced: every block
-// size on rows up to 32 values per thread, aligned rows (vectors), odd rows and offsets (scalars), in
-// and out at different offsets, special rows; the shape it picks; refusals.
+// The row program (a block per row of 65-16384 columns, the row in registers): every block size on
+// rows up to 32 values per thread, aligned rows (vectors), odd rows and offsets (scalars), in and out
+// at different offsets, special rows; the shape it picks; where it is automatic; refusals.
 TEST_P(MemoryBound, SoftmaxRowPrograms) {
   const DType dt = GetParam();
   KernelChoice k;
@@ -840,6 +843,25 @@ TEST_P(MemoryBound, SoftmaxRowPrograms) {
   EXPECT_EQ(describe(1, 16384, 16), describe(1, 16384, 0));  // a vector's offset keeps vectors
   EXPECT_EQ(describe(7, 1000, ElementSize(dt)), "softmax/program scalar t=128 j=8");
   EXPECT_EQ(describe(5, 16385, 0), "softmax/invalid");  // past 16384 columns
+  // The automatic choice: up to 1024 rows and 4 MiB, not 4-byte scalar rows past 4096 columns.
+  const KernelChoice automatic;
+  auto is_program = [&](int64_t rows, int64_t cols, size_t off = 0) {
+    char desc[128];
+    const void* p = reinterpret_cast<const void*>(kGuard + off);
+    cuda::DescribeSoftmax(dt, p, p, rows, cols, automatic, desc, sizeof desc);
+    return std::string(desc).rfind("softmax/program", 0) == 0;
+  };
+  EXPECT_TRUE(is_program(2, 4096));
+  EXPECT_TRUE(is_program(33, 251));
+  EXPECT_TRUE(is_program(1024, 127));
+  EXPECT_FALSE(is_program(1025, 127));  // many rows: the short-row kernel
+  EXPECT_FALSE(is_program(5, 64));      // the tiny / tile kernels
+  EXPECT_FALSE(is_program(5, 16385));
+  const int64_t es = static_cast<int64_t>(ElementSize(dt));
+  EXPECT_FALSE(is_program(1024, ((int64_t{4} << 20) / (1024 * es)) + 1));  // past 4 MiB
+  EXPECT_EQ(is_program(5, 7963), es != 4);  // scalar rows past 4096 columns: 2-byte types only
+  EXPECT_TRUE(is_program(5, 8192));         // vectors
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(dt, 1, 16384), 0u);  // a row program needs none
   KernelChoice never;
   never.row_program = -1;
   EXPECT_EQ(describe(2, 4096, 0, never).rfind("softmax/program", 0), std::string::npos);
@@ -1225,8 +1247,12 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   EXPECT_EQ(sm(bf16, plus1, 73665, 13).rfind("softmax/tile tpr=2 e=8 ", 0), 0u);
   EXPECT_EQ(sm(bf16, aligned, 2 * 764180, 16).rfind("softmax/rows vec", 0), 0u);
   EXPECT_EQ(sm(f32, aligned, 1000724, 8).rfind("softmax/rows vec", 0), 0u);
-  // Aligned rows of 1-7 whole vectors: the tile (the packed kernel is forced only, so far).
-  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
+  // Aligned rows of 1-7 whole vectors: the packed kernel (2 lanes per row of 2 vectors); at an
+  // offset the same rows take the tile.
+  EXPECT_EQ(rs(bf16, aligned, 4 * 441572, 16), "rowsum/packed tpr=2 r=4 t=256 cs");
+  EXPECT_EQ(rs(f32, aligned, 1000, 4), "rowsum/packed tpr=1 r=4 t=256 cs");
+  EXPECT_EQ(rs(f32, aligned, 1000, 28), "rowsum/packed tpr=8 r=4 t=256 cs");
+  EXPECT_EQ(rs(f16, aligned, 1000, 24), "rowsum/packed tpr=4 r=4 t=256 cs");
   EXPECT_EQ(rs(bf16, plus1, 4 * 441572, 16).rfind("rowsum/tile tpr=4 e=4 ", 0), 0u);
   EXPECT_EQ(rs(bf16, aligned, 1000, 17).rfind("rowsum/tile ", 0), 0u);
   EXPECT_EQ(rs(f16, aligned, 2 * 1246135, 33).rfind("rowsum/tile tpr=4 e=16 ", 0), 0u);
@@ -1262,7 +1288,8 @@ TEST(EveryShapePlan, ShortRowTilesAndBenchmarkShapes) {
   // Few rows of 4096+ accesses: the split path with more blocks (bf16 7x128256: 8 per row).
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 7, 128256), size_t{7 * 8 * 8});
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 3, 65521), size_t{3 * 8 * 8});
-  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), size_t{2 * 8});
+  EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16384), 0u);  // a row program (64 KiB)
+  EXPECT_GT(cuda::SoftmaxWorkspaceBytes(f32, 1, 16388), 0u);
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(f32, 1, 16380), 0u);  // 4095 accesses
   EXPECT_EQ(cuda::SoftmaxWorkspaceBytes(bf16, 132, 128256), 0u);  // enough rows
 }
