@@ -39,7 +39,7 @@ cd "$(dirname "$0")/.."
 kinds=("$@")
 [ ${#kinds[@]} -gt 0 ] || kinds=(asan tsan)
 not_ours='server_layers_include_nothing_above_their_own|bench_report_statistics|deploy_k8s_manifests_validate|metrics_alert_rules_are_valid|metrics_alert_rules_fire_as_specified|metrics_scrape_config_is_valid'
-through_grpc='python_client_integration|python_package_integration|perf_tool_integration|go_client_example|proxy_routes_held_tensors_to_their_replica|tls_integration.*|metrics_http_endpoint_survives_any_request|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|fuzz_corpus_ranged_upload_replays_cleanly|python_shared_memory_integration|TlsFiles\.AServerInProcess.*|(Service[A-Za-z]*|TokenService|Integration|ServerLifecycle|Router|Execute|RangedTransfer|SharedMemoryClient)Test\..*'
+through_grpc='python_client_integration|python_package_integration|perf_tool_integration|go_client_example|proxy_routes_held_tensors_to_their_replica|tls_integration.*|metrics_http_endpoint_survives_any_request|metrics_real_prometheus_scrapes_server|fuzz_corpus_upload_replays_cleanly|fuzz_corpus_ranged_upload_replays_cleanly|python_shared_memory_integration|TlsFiles\.AServerInProcess.*|(Service[A-Za-z]*|TokenService|Integration|ServerLifecycle|Router|Execute|RangedTransfer|SharedMemoryClient|BatchingEndToEnd)Test\..*'
 
 for kind in "${kinds[@]}"; do
   case "$kind" in

@@ -493,7 +493,7 @@ TEST(ServerLifecycleTest, SigtermDrainsACallUnderWayRefusesNewOnesAndExitsZero) 
 // Batching end to end: a server that waits 2 ms for company batches nearly every call; 32
 // callers of mixed ops, dtypes and row lengths (some of 80 KiB, which arrive in gRPC's receive
 // slices and are batched as pieces) each get their own answer.
-TEST(BatchingEndToEnd, ConcurrentCallersOfMixedKindsGetTheirOwnAnswers) {
+TEST(BatchingEndToEndTest, ConcurrentCallersOfMixedKindsGetTheirOwnAnswers) {
   ServerProcess server;
   ASSERT_TRUE(server.Start({"--batch_wait_us=2000", "--batch_max_kib=256"})) << server.error();
   auto c = Client::Create(server.address());
