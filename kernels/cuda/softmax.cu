@@ -1291,16 +1291,17 @@ int SplitWanted(const KernelChoice& k, int64_t rows, int nacc, bool vec) {
 
 
 // Whether `k` forces a kernel field other than tile / tile_elems / row_program (then the kernel it
-// forces, not the automatic tile, tiny or row-program kernel).
+// forces, not the automatic tile or tiny kernel).
 bool ForcesOther(const KernelChoice& k) {
   return k.threads_per_row != 0 || k.vectors_per_thread != 0 || k.threads != 0 || k.long_rows != 0 ||
-         k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 || k.split != 0 || k.smem_bytes != 0 ||
-         k.streaming != 0 || k.exp_fma != 0 || k.prefetch != 0 || k.split_wait_us != 0;
+         k.pipeline != 0 || k.exp_once != 0 || k.cluster != 0 || k.split != 0 || k.smem_bytes != 0;
 }
 // The automatic row program (SoftmaxProgramKernel), nothing else forced: see kProgramMaxBytes.
 // `vec`: the rows are read as 16-byte vectors (else scalars).
 bool ProgramAuto(const KernelChoice& k, int64_t rows, int64_t cols, size_t elem, bool vec) {
-  return k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && cols > kTileMaxCols && cols <= kProgramMaxCols &&
+  // Hints forced too keep the kernel they were measured on (the row program has none of them).
+  const bool hints = k.streaming != 0 || k.exp_fma != 0 || k.prefetch != 0 || k.split_wait_us != 0;
+  return k.row_program == 0 && k.tile == 0 && !ForcesOther(k) && !hints && cols > kTileMaxCols && cols <= kProgramMaxCols &&
          rows <= kProgramMaxRows && rows * cols * static_cast<int64_t>(elem) <= kProgramMaxBytes &&
          (vec || elem != 4 || cols <= kProgramMaxScalarCols4);
 }
