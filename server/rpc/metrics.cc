@@ -305,22 +305,26 @@ class CallStats final : public prometheus::Collectable {
   const std::string backend_, device_, device_name_;
 };
 
-prometheus::MetricFamily DeviceGauge(const char* name, const char* help,
-                                     const std::string& device, int64_t value) {
-  auto f = Family(name, help, prometheus::MetricType::Gauge);
+// One sample labelled with the device: a gauge, or a counter (a total the backend keeps).
+prometheus::MetricFamily DeviceMetric(prometheus::MetricType type, const char* name, const char* help,
+                                      const std::string& device, int64_t value) {
+  auto f = Family(name, help, type);
   auto x = Sample({{"device", device}});
-  x.gauge.value = static_cast<double>(value);
+  if (type == prometheus::MetricType::Counter) {
+    x.counter.value = static_cast<double>(value);
+  } else {
+    x.gauge.value = static_cast<double>(value);
+  }
   f.metric.push_back(std::move(x));
   return f;
 }
-
-prometheus::MetricFamily DeviceCounter(const char* name, const char* help,
-                                       const std::string& device, int64_t value) {
-  auto f = Family(name, help, prometheus::MetricType::Counter);
-  auto x = Sample({{"device", device}});
-  x.counter.value = static_cast<double>(value);
-  f.metric.push_back(std::move(x));
-  return f;
+prometheus::MetricFamily DeviceGauge(const char* name, const char* help, const std::string& device,
+                                     int64_t value) {
+  return DeviceMetric(prometheus::MetricType::Gauge, name, help, device, value);
+}
+prometheus::MetricFamily DeviceCounter(const char* name, const char* help, const std::string& device,
+                                       int64_t value) {
+  return DeviceMetric(prometheus::MetricType::Counter, name, help, device, value);
 }
 
 // Gauges that belong to the backend and the tensor store, read when scraped.
