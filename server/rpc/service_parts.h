@@ -93,9 +93,14 @@ class OpReactor final : public grpc::ServerUnaryReactor, public OpSink {
   // it has gone the call waits on its client (StallWatch).
   void Reply(const grpc::Status& s);
 
+  // Both are short and never wait on the network, so gRPC runs them on the thread that ends
+  // the call. Otherwise it hands every call's OnDone to its executor thread: a wake-up and a
+  // context switch per call (lab/notes/rpc-path.md, "OnDone inline"). gRPC calls OnCancel
+  // before OnDone when the call was cancelled, so OnDone reads the flag alone.
+  bool InternalInlineable() override { return true; }
   void OnCancel() override { cancelled_ = true; }
   void OnDone() override {
-    if (!handle_.empty() && Cancelled()) store_->Free(tenant_, handle_).IgnoreError();
+    if (!handle_.empty() && cancelled_.load()) store_->Free(tenant_, handle_).IgnoreError();
     delete this;
   }
 
