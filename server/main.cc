@@ -44,7 +44,7 @@ ABSL_FLAG(bool, kernel_gate, kDefaults.backend.cuda.kernel_gate,
           "CUDA backend: enqueue each kernel behind a gate released once it is queued, so that "
           "kernel_us is the kernel alone (not the launch); off saves a launch per call");
 ABSL_FLAG(int64_t, run_here_kib, kDefaults.backend.cpu.run_here_bytes >> 10,
-          "a call whose inline tensors (in and out) total at most this many KiB runs on the "
+          "a call whose tensors (in and out, inline or kept) total at most this many KiB runs on the "
           "thread that received it when a worker/stream is free and none waits, skipping the "
           "handoff to a worker; 0 = every call goes through the queue");
 ABSL_FLAG(int, copy_threads, kDefaults.backend.cpu.copy_threads,
@@ -59,8 +59,9 @@ ABSL_FLAG(int64_t, batch_max_kib, kDefaults.backend.cpu.batch.max_call_bytes >> 
 ABSL_FLAG(int64_t, batch_wait_us, kDefaults.backend.cpu.batch.wait_us,
           "batching: how long a call may wait for more calls of its kind before it runs; "
           "0 = never wait (batch only calls already queued)");
-ABSL_FLAG(int64_t, queue_capacity, 1024,
-          "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, queue_capacity, kDefaults.backend.cuda.queue_capacity,
+          "calls that may wait for a worker/stream; beyond it calls get RESOURCE_EXHAUSTED "
+          "(the default holds 64 Execute streams at their full --stream_max_inflight)");
 ABSL_FLAG(int64_t, max_message_bytes, kDefaults.max_message_bytes,
           "largest request or response in bytes (gRPC allows at most 2^31-1)");
 ABSL_FLAG(double, shutdown_notice_s, kDefaults.shutdown_notice_seconds,

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -522,6 +523,8 @@ TEST_F(CudaBatchingTest, DifferentKeysNeverMixAndAbandonedCallsAreNotRun) {
 TEST_F(CudaBatchingTest, ManyCallersOfMixedKeysEachGetTheirOwnResult) {
   constexpr int kCallers = 32, kCallsEach = 20;
   std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_failure;
   std::vector<std::thread> callers;
   for (int t = 0; t < kCallers; ++t) {
     callers.emplace_back([&, t] {
@@ -530,12 +533,22 @@ TEST_F(CudaBatchingTest, ManyCallersOfMixedKeysEachGetTheirOwnResult) {
         const DType dt = t % 2 ? DType::kFloat32 : DType::kBFloat16;
         HostCall h = MakeElementwise(op, dt, 1 + (i % 5), 64 + 32 * (t % 2), t * 1000 + i);
         const Result r = SubmitSync(*backend_, h.call);
-        if (!r.status.ok() || !h.Check(Tol(op, dt)).ok) ++failures;
+        const ref::Comparison c = r.status.ok() ? h.Check(Tol(op, dt)) : ref::Comparison{};
+        if (!r.status.ok() || !c.ok) {
+          ++failures;
+          std::lock_guard<std::mutex> lock(mu);
+          if (first_failure.empty()) {
+            first_failure = testing::PrintToString(r.status) + " " + OpName(op) + " " +
+                            DTypeName(dt) + " " + std::to_string(h.call.rows) + "x" +
+                            std::to_string(h.call.cols) + " rel_error " +
+                            std::to_string(c.rel_error);
+          }
+        }
       }
     });
   }
   for (auto& th : callers) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(failures.load(), 0) << "first: " << first_failure;
 }
 
 TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {

@@ -12,7 +12,7 @@ namespace fusebox {
 
 struct CpuBackendOptions {
   int workers = 2;               // calls run at once
-  size_t queue_capacity = 1024;  // queued calls beyond which Submit refuses
+  size_t queue_capacity = 4096;  // queued calls beyond which Submit refuses
   // A call whose inline operands and result come to at most this many bytes runs on the thread
   // that submits it when a worker is free and none waits (QueuedExecutor's `here`); 0 = never.
   size_t run_here_bytes = 64 << 10;

@@ -18,7 +18,7 @@ constexpr int kMaxCudaStreams = 64;
 struct CudaBackendOptions {
   int device = 0;                 // CUDA device ordinal
   int streams = 4;                // streams in the pool = worker threads
-  size_t queue_capacity = 1024;   // queued calls beyond which Submit refuses
+  size_t queue_capacity = 4096;   // queued calls beyond which Submit refuses
   size_t staging_bytes = 64u << 20;  // pinned staging per stream, each way
   MatmulImpl default_matmul = MatmulImpl::kCublasLt;
   // A call whose host bytes (inline operands and result) come to at most this many runs on the
