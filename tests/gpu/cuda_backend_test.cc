@@ -559,6 +559,54 @@ TEST_F(CudaBatchingTest, ManyCallersOfMixedKeysEachGetTheirOwnResult) {
   EXPECT_EQ(failures.load(), 0) << "first: " << first_failure;
 }
 
+// --cuda_graphs: a small call of a shape the stream has run before is one CUDA graph replayed
+// (StreamWorker::RunAsGraph). Every call of a shape, the first (usual path), the second
+// (captured, then replayed) and later ones (replayed), on fresh inputs, inputs in pieces among
+// them, matches the reference with sane timings; so do calls the graphs do not take (a kept
+// output) interleaved with them.
+TEST(CudaGraphsTest, RepeatedSmallCallsReplayAGraphWithFreshInputsAndTheirOwnResults) {
+  CudaBackendOptions o;
+  o.streams = 1;
+  o.cuda_graphs = true;
+  std::string why;
+  std::unique_ptr<Backend> b = MakeBackend(o, &why);
+  if (!b) GTEST_SKIP() << "no CUDA backend here: " << why;
+  uint64_t seed = 500;
+  for (Op op : {Op::kGelu, Op::kSoftmax, Op::kRowSum}) {
+    for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{3, 97}, {64, 256}, {1, 4093}}) {
+        SCOPED_TRACE(testing::Message() << OpName(op) << " " << DTypeName(dt) << " " << rows << "x" << cols);
+        for (int i = 0; i < 4; ++i) {
+          HostCall h = MakeElementwise(op, dt, rows, cols, seed++);
+          HostPieces pieces;
+          if (i == 3) {  // the last arrives in two pieces
+            const size_t half = h.in[0].size() / 2;
+            pieces = {{h.in[0].data(), half}, {h.in[0].data() + half, h.in[0].size() - half}};
+            h.call.input_pieces[0] = &pieces;
+          }
+          const Result r = SubmitSync(*b, h.call);
+          ASSERT_TRUE(r.status.ok()) << "call " << i << ": " << r.status;
+          const ref::Comparison c = h.Check(Tol(op, dt));
+          EXPECT_TRUE(c.ok) << "call " << i << " rel_error " << c.rel_error;
+          ExpectTimingSane(r.timing);
+          EXPECT_GT(r.timing.kernel_us, 0) << "call " << i;
+        }
+      }
+    }
+  }
+  // A call with a kept output never takes a graph; after it, the graphs still replay right.
+  HostCall h = MakeElementwise(Op::kGelu, DType::kFloat32, 3, 97, seed++);
+  auto kept = b->Allocate(h.call.output_bytes);
+  ASSERT_TRUE(kept.ok());
+  OpCall to_kept = h.call;
+  to_kept.output = (*kept)->data();
+  to_kept.output_resident = true;
+  ASSERT_TRUE(SubmitSync(*b, to_kept).status.ok());
+  HostCall again = MakeElementwise(Op::kGelu, DType::kFloat32, 3, 97, seed++);
+  ASSERT_TRUE(SubmitSync(*b, again.call).status.ok());
+  EXPECT_TRUE(again.Check(Tol(Op::kGelu, DType::kFloat32)).ok);
+}
+
 TEST(CudaBackendStart, DeviceThatDoesNotExistIsInvalidArgument) {
   std::string why;
   if (!OneStreamBackend(&why)) GTEST_SKIP() << "no CUDA backend here: " << why;

@@ -675,18 +675,36 @@ float Elapsed(cudaEvent_t a, cudaEvent_t b) {
   return cudaEventElapsedTime(&ms, a, b) == cudaSuccess ? ms : 0.f;
 }
 
+// The phases of a call that has ended, from its worker's events; tail_ns is host time after
+// the last event (the copy of the result out of staging).
+void ReadPhases(StreamWorker& w, int64_t tail_ns, OpTiming* t) {
+  t->copy_in_us = 1e3 * Elapsed(w.ev_start(), w.ev_in());
+  t->launch_us = 1e3 * Elapsed(w.ev_in(), w.ev_go());
+  t->kernel_us = 1e3 * Elapsed(w.ev_go(), w.ev_kernel());
+  t->copy_out_us = 1e3 * Elapsed(w.ev_kernel(), w.ev_out()) + tail_ns / 1e3;
+}
+
+// GeLU, softmax or row sum of c's shape from `in` to `out` on s.
+cudaError_t LaunchMemoryBound(const OpCall& c, const void* in, void* out, cuda::Workspace ws,
+                              cudaStream_t s) {
+  switch (c.op) {
+    case Op::kGelu: return cuda::LaunchGelu(c.dtype, in, out, c.rows * c.cols, s);
+    case Op::kSoftmax: return cuda::LaunchSoftmax(c.dtype, in, out, c.rows, c.cols, s, ws);
+    case Op::kRowSum:
+      return cuda::LaunchRowSum(c.dtype, in, static_cast<float*>(out), c.rows, c.cols, s, ws);
+    case Op::kMatmulRelu: break;
+  }
+  return cudaErrorInvalidValue;
+}
+
 absl::Status CudaBackend::Launch(StreamWorker& w, const OpCall& c, const void* const in[3],
                                  void* out, cuda::Workspace ws) {
   cudaError_t e = cudaSuccess;
   switch (c.op) {
     case Op::kGelu:
-      e = cuda::LaunchGelu(c.dtype, in[0], out, c.rows * c.cols, w.stream());
-      break;
     case Op::kSoftmax:
-      e = cuda::LaunchSoftmax(c.dtype, in[0], out, c.rows, c.cols, w.stream(), ws);
-      break;
     case Op::kRowSum:
-      e = cuda::LaunchRowSum(c.dtype, in[0], static_cast<float*>(out), c.rows, c.cols, w.stream(), ws);
+      e = LaunchMemoryBound(c, in[0], out, ws, w.stream());
       break;
     case Op::kMatmulRelu: {
       cuda::MatmulArgs args;
@@ -783,6 +801,29 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   void* dev_out = c.output_resident ? c.output : (sizes->out > 0 ? at(offsets[3]) : nullptr);
   const cuda::Workspace ws{sizes->workspace > 0 ? at(offsets[4]) : nullptr, sizes->workspace};
 
+  // A small inline GeLU, softmax or row sum of a shape seen before: one CUDA graph
+  // (StreamWorker::RunAsGraph), when --cuda_graphs is on.
+  if (options_.cuda_graphs && c.op != Op::kMatmulRelu && !pooled && nspans == 1 && ndirect == 0 &&
+      !direct_out && !c.output_resident && sizes->out > 0) {
+    bool ran = false;
+    int64_t graph_tail_ns = 0;
+    const StreamWorker::GraphKey key{static_cast<int>(c.op), static_cast<int>(c.dtype), c.rows, c.cols};
+    const cudaError_t e = w.RunAsGraph(
+        key, spans[0], HostSpan{c.output, dev_out, sizes->out},
+        [&] { return LaunchMemoryBound(c, dev_in[0], dev_out, ws, st); }, &ran, &graph_tail_ns);
+    if (e != cudaSuccess || ran) {
+      absl::Status s = e == cudaSuccess ? absl::OkStatus() : Fail(e, "a small call's CUDA graph", &w);
+      if (!broken_.load()) {
+        if (cudaError_t se = cudaStreamSynchronize(st); se != cudaSuccess && s.ok()) {
+          s = Fail(se, "cudaStreamSynchronize", &w);
+        }
+      }
+      if (!s.ok()) return s;
+      ReadPhases(w, graph_tail_ns, t);
+      return absl::OkStatus();
+    }
+  }
+
   // cuBLASLt's algorithm is chosen now, on a cache miss, rather than between
   // the copy-in and the kernel where it would count as kernel time: the
   // heuristic, and where its 32 MiB and 1 MiB picks differ a one-time timing
@@ -849,10 +890,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
     }
   }
   if (!status.ok()) return status;
-  t->copy_in_us = 1e3 * Elapsed(w.ev_start(), w.ev_in());
-  t->launch_us = 1e3 * Elapsed(w.ev_in(), w.ev_go());
-  t->kernel_us = 1e3 * Elapsed(w.ev_go(), w.ev_kernel());
-  t->copy_out_us = 1e3 * Elapsed(w.ev_kernel(), w.ev_out()) + tail_ns / 1e3;
+  ReadPhases(w, tail_ns, t);
   return absl::OkStatus();
 }
 

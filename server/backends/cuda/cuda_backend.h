@@ -21,12 +21,15 @@ struct CudaBackendOptions {
   size_t queue_capacity = 4096;   // queued calls beyond which Submit refuses
   size_t staging_bytes = 64u << 20;  // pinned staging per stream, each way
   MatmulImpl default_matmul = MatmulImpl::kCublasLt;
-  // A call whose host bytes (inline operands and result) come to at most this many runs on the
-  // thread that submits it when a stream is free and none waits; 0 = never (CpuBackendOptions).
+  // A call whose operands and result (inline or resident) come to at most this many bytes runs
+  // on the thread that submits it when a stream is free and none waits; 0 = never.
   size_t run_here_bytes = 64 << 10;
   // Hold each kernel behind the stream gate (stream_worker.h) so kernel_us is the kernel's own
   // time; off: one launch fewer per call, and kernel_us includes the launch's latency.
   bool kernel_gate = true;
+  // Small inline GeLU / softmax / row-sum calls of a shape seen before run as one CUDA graph
+  // each (copy in, kernel, copy out: StreamWorker::RunAsGraph).
+  bool cuda_graphs = false;
   // Threads that copy a call's host bytes into pinned staging (server/exec/parallel_copy.h):
   // 0 = automatic (min(4, cores / 2)), 1 = the stream's own thread alone.
   int copy_threads = 0;

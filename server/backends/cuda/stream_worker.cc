@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<StreamWorker>> StreamWorker::Create(
 StreamWorker::~StreamWorker() {
   lt_.reset();
   if (stream_) cudaStreamSynchronize(stream_);
+  for (auto& [key, g] : graphs_) if (g.exec) cudaGraphExecDestroy(g.exec);
   for (cudaEvent_t ev : in_slot_ev_) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : out_slot_ev_) if (ev) cudaEventDestroy(ev);
   for (cudaEvent_t ev : ev_) if (ev) cudaEventDestroy(ev);
@@ -161,6 +162,68 @@ cudaError_t StreamWorker::CopyOut(const HostSpan& span, cudaEvent_t done_event, 
   if (tail_start < 0) {  // cannot happen: the last drain waited for the last DMA
     tail_start = SteadyNowNs();
   }
+  *tail_ns = SteadyNowNs() - tail_start;
+  return cudaSuccess;
+}
+
+cudaError_t StreamWorker::RunAsGraph(const GraphKey& key, const HostSpan& in, const HostSpan& out,
+                                     const std::function<cudaError_t()>& launch, bool* ran,
+                                     int64_t* tail_ns) {
+  *ran = false;
+  *tail_ns = 0;
+  if (in.bytes > slot_bytes_ || out.bytes > slot_bytes_ || in.bytes == 0 || out.bytes == 0) {
+    return cudaSuccess;
+  }
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) return cudaSuccess;
+    it = graphs_.emplace(key, Graph{}).first;
+  }
+  Graph& g = it->second;
+  if (g.failed) return cudaSuccess;
+  if (g.exec == nullptr) {
+    if (++g.calls < 2) return cudaSuccess;  // a shape seen once may never come again
+    // Captured, not run: the nodes' pointers (staging slot 0, the call's device block, the
+    // workspace) are the same for every call of the key, since the block is the scratch.
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+      auto mark = [this](cudaEvent_t ev) {
+        return cudaEventRecordWithFlags(ev, stream_, cudaEventRecordExternal);
+      };
+      e = mark(ev_start());
+      if (e == cudaSuccess) e = cudaMemcpyAsync(in.device, pinned_in_, in.bytes, cudaMemcpyHostToDevice, stream_);
+      if (e == cudaSuccess) e = mark(ev_in());
+      if (e == cudaSuccess) e = mark(ev_go());
+      if (e == cudaSuccess) e = launch();
+      if (e == cudaSuccess) e = mark(ev_kernel());
+      if (e == cudaSuccess) e = cudaMemcpyAsync(pinned_out_, out.device, out.bytes, cudaMemcpyDeviceToHost, stream_);
+      if (e == cudaSuccess) e = mark(ev_out());
+      const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      if (e == cudaSuccess) e = end;
+    }
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&g.exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e != cudaSuccess || g.exec == nullptr) {
+      cudaGetLastError();  // a refused capture leaves a (non-sticky) error behind
+      g.exec = nullptr;
+      g.failed = true;
+      return cudaSuccess;
+    }
+  }
+  // The previous call ended with its stream synchronized, so slot 0 is free both ways.
+  uint8_t* pin = pinned_in_;
+  if (in.pieces == nullptr) {
+    std::memcpy(pin, in.host, in.bytes);
+  } else if (PiecePos pos; !GatherPieces(*in.pieces, &pos, pin, in.bytes, 1)) {
+    return cudaErrorInvalidValue;  // fewer bytes than said
+  }
+  cudaError_t e = cudaGraphLaunch(g.exec, stream_);
+  if (e != cudaSuccess) return e;
+  *ran = true;
+  if ((e = cudaEventSynchronize(ev_out())) != cudaSuccess) return e;
+  const int64_t tail_start = SteadyNowNs();
+  std::memcpy(const_cast<void*>(out.host), pinned_out_, out.bytes);
   *tail_ns = SteadyNowNs() - tail_start;
   return cudaSuccess;
 }

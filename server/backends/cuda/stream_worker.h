@@ -24,7 +24,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -98,6 +101,23 @@ class StreamWorker {
   // pinned -> destination after that event (not covered by the event).
   cudaError_t CopyOut(const HostSpan& span, cudaEvent_t done_event, int64_t* tail_ns);
 
+  // A small call as one CUDA graph (--cuda_graphs): copy in, the kernel and copy out, each
+  // phase between the events above, replayed for every later call of the same key (op, dtype,
+  // rows, cols: the same pointers, the same kernel). One graph launch replaces ~8 API calls and
+  // the GPU runs the phases back to back; the kernel gate is not needed (the kernel node follows
+  // `go` without a host in between). A key's graph is captured on its second call and kept
+  // (at most kMaxGraphs per stream); *ran is false where no graph ran (a first call, a full
+  // cache, a capture CUDA refused: then never again for that key), and the caller runs the call
+  // the usual way. `in` comes from its host bytes or pieces through staging slot 0, the result
+  // goes to out.host through slot 0; `launch` enqueues the kernel on stream() (in capture).
+  // *tail_ns: the host copy of the result after `out`'s event.
+  using GraphKey = std::tuple<int, int, int64_t, int64_t>;
+  static constexpr size_t kMaxGraphs = 64;
+  cudaError_t RunAsGraph(const GraphKey& key, const HostSpan& in, const HostSpan& out,
+                         const std::function<cudaError_t()>& launch, bool* ran, int64_t* tail_ns);
+  // The most bytes RunAsGraph takes each way (one staging slot).
+  size_t slot_bytes() const { return slot_bytes_; }
+
   // How many of the backend's resident allocations stream() has been made to wait for
   // (CudaBackend::OrderAfterAllocations): a worker waits again only after a new one.
   uint64_t allocations_seen = 0;
@@ -117,6 +137,12 @@ class StreamWorker {
   const uint32_t* gate_dev_ = nullptr;   // its device address
   uint32_t gate_seq_ = 0;
   void* scratch_ = nullptr;  // kScratchBytes of device memory
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    int calls = 0;        // calls of the key seen before its capture
+    bool failed = false;  // capture refused: the key always runs the usual way
+  };
+  std::map<GraphKey, Graph> graphs_;
   std::unique_ptr<cuda::CublasLtMatmul> lt_;
 };
 
