@@ -13,6 +13,9 @@ budget (--budget-s) stops drawing new cases and still writes the results.
 Targets (counted in the summary): >= 1.0x the best peer (a tie by the interval counts) and, for
 shapes moving >= 64 MiB, >= 85% of the copy.
 --dry-run prints the drawn shapes without torch or a GPU.
+One device command (10 minutes) holds about a third of the 360 cases with torch.compile a peer:
+--part K/N runs the cases K, K+N, K+2N... of the seed's plan (K from 1), and --from-json with
+every part's JSON writes the whole sweep's Markdown (the parts must share seed and commit).
 """
 import argparse
 import ctypes
@@ -145,6 +148,31 @@ def fmt_ratio(r):
     lo, hi = r.get("ratio_lo"), r.get("ratio_hi")
     iv = f" [{lo:.2f}, {hi:.2f}]" if lo is not None else ""
     return f"{r['ratio']:.2f}x{iv} vs {r.get('best', '?')}"
+
+
+def parse_part(text):
+    """'K/N' -> (K, N), 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--part takes K/N (e.g. 2/3), not {text!r}")
+    if not 1 <= k <= n:
+        raise SystemExit(f"--part {text}: K must be 1..N")
+    return k, n
+
+
+def merge_parts(parts):
+    """One sweep's meta and records from its parts' JSONs (the same seed and commit)."""
+    metas = [p["meta"] for p in parts]
+    for key in ("seed", "commit", "shapes_per_op_dtype"):
+        if len({m.get(key) for m in metas}) > 1:
+            raise SystemExit(f"--from-json: the parts differ in {key}: {[m.get(key) for m in metas]}")
+    meta = dict(metas[0])
+    if len(parts) > 1:
+        meta["part"] = ", ".join(m.get("part", "?") for m in metas)
+        meta["date"] = ", ".join(sorted({m["date"] for m in metas}))
+        meta["elapsed_s"] = sum(m.get("elapsed_s", 0) for m in metas)
+    return meta, [r for p in parts for r in p["records"]]
 
 
 def markdown(meta, recs):
@@ -419,15 +447,25 @@ def main():
     ap.add_argument("--budget-s", type=float, default=270.0, help="no new case after this many seconds")
     ap.add_argument("--compile-budget-s", type=float, default=60.0, help="torch.compile time before it is dropped")
     ap.add_argument("--no-compile", action="store_true")
-    ap.add_argument("--from-json", help="rewrite the markdown from a sweep JSON (no GPU)")
+    ap.add_argument("--from-json", nargs="+", metavar="JSON",
+                    help="rewrite the markdown from a sweep's JSON, or from its parts' (merged into --json); no GPU")
+    ap.add_argument("--part", default="1/1", metavar="K/N",
+                    help="run the cases K, K+N, ... of the drawn plan (K from 1; default 1/1: all)")
     args = ap.parse_args()
     if args.from_json:
-        with open(args.from_json) as fh:
-            d = json.load(fh)
+        parts = []
+        for path in args.from_json:
+            with open(path) as fh:
+                parts.append(json.load(fh))
+        meta, recs = merge_parts(parts)
+        if len(parts) > 1:
+            with open(args.json, "w") as fh:
+                json.dump(dict(meta=meta, records=recs), fh, indent=1)
         with open(args.md, "w") as fh:
-            fh.write(markdown(d["meta"], d["records"]))
+            fh.write(markdown(meta, recs))
         print(open(args.md).read().split("## Summary")[-1])
         return 0
+    part, parts = parse_part(args.part)
     if args.quick:
         args.shapes = min(args.shapes, 12)
         args.rounds_big, args.rounds_mid, args.rounds_small = 10, 15, 20
@@ -441,8 +479,12 @@ def main():
     # Interleave ops and dtypes, small first within a budget: a stopped run still covers all.
     order = random.Random(seed + 1)
     order.shuffle(plan)
+    drawn = len(plan)
+    plan = plan[part - 1::parts]
+    if parts > 1:
+        print(f"part {part} of {parts}: {len(plan)} of the {drawn} drawn cases", flush=True)
     meta = dict(seed=seed, commit=os.environ.get("COMMIT", "unknown"), date=datetime.datetime.utcnow().strftime("%F %H:%M UTC"),
-                host=platform.node(), shapes_per_op_dtype=args.shapes, gpu="(dry run)",
+                host=platform.node(), shapes_per_op_dtype=args.shapes, gpu="(dry run)", part=f"{part}/{parts}",
                 method=("ours (capi, ctypes) vs torch eager, torch.compile(dynamic=True), Triton, interleaved in one "
                         "process with rotating order; >= 8 MiB: CUDA events, ~300 us GPU spin and a 256 MiB L2 "
                         f"flush before every call, median of {args.rounds_big} (>= 64 MiB) / {args.rounds_mid} rounds; "

@@ -82,3 +82,43 @@ def test_report_passes_without_a_paired_record(tmp_path):
     row, md = _run_report(tmp_path, 4200.0, None)
     assert row["passed"] and not row["tie"]
     assert "| pass (>=" in md
+
+
+def _dry_run(*args):
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "sweep.py"), "--dry-run", *args],
+                         check=True, capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "MiB moved" in line and not line.startswith(("part", "sweep"))
+            and "shapes," not in line]
+
+
+def test_sweep_parts_split_one_seeds_plan_into_disjoint_pieces_that_cover_it():
+    whole = _dry_run("--seed", "11", "--shapes", "6")
+    parts = [_dry_run("--seed", "11", "--shapes", "6", "--part", f"{k}/3") for k in (1, 2, 3)]
+    assert len(whole) == 6 * 9
+    assert sorted(line for p in parts for line in p) == sorted(whole)
+    assert [len(p) for p in parts] == [18, 18, 18]
+
+
+def test_sweep_markdown_merges_the_parts_json_and_refuses_parts_of_other_seeds(tmp_path):
+    def rec(i):
+        return dict(op="gelu", dtype="float32", dims=[1000 + i], kind="odd", offset=0, bytes=8000 + 8 * i,
+                    timing="graph", ours_us=2.0, best="triton", best_us=2.0, ratio=1.0, ratio_lo=0.99,
+                    ratio_hi=1.01, target_peer=True, pct_copy=None, target_copy=None, desc="")
+    meta = dict(seed=5, commit="abc", date="2026-12-07 10:00 UTC", gpu="GPU", method="m",
+                shapes_per_op_dtype=40, elapsed_s=10.0)
+    paths = []
+    for k in (1, 2):
+        p = tmp_path / f"p{k}.json"
+        p.write_text(json.dumps(dict(meta=dict(meta, part=f"{k}/2"), records=[rec(k), rec(10 + k)])))
+        paths.append(str(p))
+    merged, md = tmp_path / "all.json", tmp_path / "all.md"
+    subprocess.run([sys.executable, os.path.join(BENCH, "sweep.py"), "--from-json", *paths,
+                    "--json", str(merged), "--md", str(md)], check=True, capture_output=True)
+    d = json.loads(merged.read_text())
+    assert len(d["records"]) == 4 and d["meta"]["elapsed_s"] == 20.0 and d["meta"]["part"] == "1/2, 2/2"
+    assert "Targets met: 4 of 4" in md.read_text()
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(dict(meta=dict(meta, seed=6, part="2/2"), records=[rec(3)])))
+    r = subprocess.run([sys.executable, os.path.join(BENCH, "sweep.py"), "--from-json", paths[0], str(other),
+                        "--json", str(merged), "--md", str(md)], capture_output=True, text=True)
+    assert r.returncode != 0 and "differ in seed" in r.stderr
