@@ -115,8 +115,6 @@ class StreamWorker {
   static constexpr size_t kMaxGraphs = 64;
   cudaError_t RunAsGraph(const GraphKey& key, const HostSpan& in, const HostSpan& out,
                          const std::function<cudaError_t()>& launch, bool* ran, int64_t* tail_ns);
-  // The most bytes RunAsGraph takes each way (one staging slot).
-  size_t slot_bytes() const { return slot_bytes_; }
 
   // How many of the backend's resident allocations stream() has been made to wait for
   // (CudaBackend::OrderAfterAllocations): a worker waits again only after a new one.
