@@ -801,6 +801,19 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
   void* dev_out = c.output_resident ? c.output : (sizes->out > 0 ? at(offsets[3]) : nullptr);
   const cuda::Workspace ws{sizes->workspace > 0 ? at(offsets[4]) : nullptr, sizes->workspace};
 
+  // The end of every call: the pooled block freed, the stream drained (nothing of this call may
+  // still run when the next one reuses the staging), then its phases read from the events.
+  auto end_call = [&](absl::Status status, int64_t tail_ns) {
+    if (!broken_.load()) {
+      if (pooled) cudaFreeAsync(block, st);
+      if (cudaError_t se = cudaStreamSynchronize(st); se != cudaSuccess && status.ok()) {
+        status = Fail(se, "cudaStreamSynchronize", &w);
+      }
+    }
+    if (status.ok()) ReadPhases(w, tail_ns, t);
+    return status;
+  };
+
   // A small inline GeLU, softmax or row sum of a shape seen before: one CUDA graph
   // (StreamWorker::RunAsGraph), when --cuda_graphs is on.
   if (options_.cuda_graphs && c.op != Op::kMatmulRelu && !pooled && nspans == 1 && ndirect == 0 &&
@@ -812,15 +825,8 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
         key, spans[0], HostSpan{c.output, dev_out, sizes->out},
         [&] { return LaunchMemoryBound(c, dev_in[0], dev_out, ws, st); }, &ran, &graph_tail_ns);
     if (e != cudaSuccess || ran) {
-      absl::Status s = e == cudaSuccess ? absl::OkStatus() : Fail(e, "a small call's CUDA graph", &w);
-      if (!broken_.load()) {
-        if (cudaError_t se = cudaStreamSynchronize(st); se != cudaSuccess && s.ok()) {
-          s = Fail(se, "cudaStreamSynchronize", &w);
-        }
-      }
-      if (!s.ok()) return s;
-      ReadPhases(w, graph_tail_ns, t);
-      return absl::OkStatus();
+      return end_call(e == cudaSuccess ? absl::OkStatus() : Fail(e, "a small call's CUDA graph", &w),
+                      graph_tail_ns);
     }
   }
 
@@ -882,16 +888,7 @@ absl::Status CudaBackend::RunCall(StreamWorker& w, const OpCall& c, OpTiming* t)
     }
     if (e != cudaSuccess) status = Fail(e, "kernel or copy from the GPU", &w);
   }
-  if (!broken_.load()) {
-    if (pooled) cudaFreeAsync(block, st);
-    // Nothing of this call may still run when the next one reuses the staging.
-    if (cudaError_t se = cudaStreamSynchronize(st); se != cudaSuccess && status.ok()) {
-      status = Fail(se, "cudaStreamSynchronize", &w);
-    }
-  }
-  if (!status.ok()) return status;
-  ReadPhases(w, tail_ns, t);
-  return absl::OkStatus();
+  return end_call(std::move(status), tail_ns);
 }
 
 absl::Status CudaBackend::RunWrite(StreamWorker& w, void* dst, const void* src, size_t bytes,

@@ -94,10 +94,17 @@ cudaError_t StreamWorker::HoldKernelGate() {
 
 void StreamWorker::ReleaseKernelGate() { __atomic_store_n(gate_, gate_seq_, __ATOMIC_RELEASE); }
 
+bool StreamWorker::Stage(uint8_t* pin, const HostSpan& span, size_t off, PiecePos* pos, size_t n) {
+  if (span.pieces == nullptr) {
+    ParallelCopy(pin, static_cast<const uint8_t*>(span.host) + off, n, copy_threads_);
+    return true;
+  }
+  return GatherPieces(*span.pieces, pos, pin, n, copy_threads_);
+}
+
 cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
   int slot = 0;
   for (int s = 0; s < count; ++s) {
-    const auto* src = static_cast<const uint8_t*>(spans[s].host);
     auto* dst = static_cast<uint8_t*>(spans[s].device);
     PiecePos pos;  // the next source byte, when the source is in pieces
     for (size_t off = 0; off < spans[s].bytes; off += slot_bytes_) {
@@ -107,11 +114,7 @@ cudaError_t StreamWorker::CopyIn(const HostSpan* spans, int count) {
       cudaError_t e = cudaEventSynchronize(in_slot_ev_[slot]);
       if (e != cudaSuccess) return e;
       uint8_t* pin = pinned_in_ + slot * slot_bytes_;
-      if (spans[s].pieces == nullptr) {
-        ParallelCopy(pin, src + off, n, copy_threads_);
-      } else if (!GatherPieces(*spans[s].pieces, &pos, pin, n, copy_threads_)) {
-        return cudaErrorInvalidValue;  // fewer bytes than said
-      }
+      if (!Stage(pin, spans[s], off, &pos, n)) return cudaErrorInvalidValue;  // fewer bytes than said
       if ((e = cudaMemcpyAsync(dst + off, pin, n, cudaMemcpyHostToDevice, stream_)) != cudaSuccess ||
           (e = cudaEventRecord(in_slot_ev_[slot], stream_)) != cudaSuccess) {
         return e;
@@ -212,12 +215,7 @@ cudaError_t StreamWorker::RunAsGraph(const GraphKey& key, const HostSpan& in, co
     }
   }
   // The previous call ended with its stream synchronized, so slot 0 is free both ways.
-  uint8_t* pin = pinned_in_;
-  if (in.pieces == nullptr) {
-    std::memcpy(pin, in.host, in.bytes);
-  } else if (PiecePos pos; !GatherPieces(*in.pieces, &pos, pin, in.bytes, 1)) {
-    return cudaErrorInvalidValue;  // fewer bytes than said
-  }
+  if (PiecePos pos; !Stage(pinned_in_, in, 0, &pos, in.bytes)) return cudaErrorInvalidValue;
   cudaError_t e = cudaGraphLaunch(g.exec, stream_);
   if (e != cudaSuccess) return e;
   *ran = true;

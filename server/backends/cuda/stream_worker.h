@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/matmul.h"
 #include "server/exec/backend.h"
+#include "server/exec/parallel_copy.h"
 
 namespace fusebox::cuda_backend {
 
@@ -122,6 +123,9 @@ class StreamWorker {
 
  private:
   StreamWorker() = default;
+  // Copies n bytes of span's host bytes, from byte `off` (in pieces: from *pos, which moves past
+  // them), into pinned `pin`, on up to copy_threads_ threads; false when the pieces end first.
+  bool Stage(uint8_t* pin, const HostSpan& span, size_t off, PiecePos* pos, size_t n);
 
   cudaStream_t stream_ = nullptr;
   uint8_t* pinned_in_ = nullptr;
