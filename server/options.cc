@@ -12,7 +12,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 
 namespace fusebox {
 namespace {

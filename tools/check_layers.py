@@ -3,7 +3,8 @@
 
 Layers, lowest first (docs/design.md draws them):
   kernels/            the kernels: nothing from server/, no gRPC, no protobuf
-  server/exec/        Op, OpCall, OpTiming, the Backend seam, the work queue
+  server/exec/        Op, OpCall, OpTiming, the Backend seam, the work queue (kernels: dtypes,
+                      the parallel host copy)
   server/backends/X/  one backend: exec and kernels (and its own folder)
   server/core/        request checks, in-flight accounting, the tensor store: exec, protobuf messages
   server/rpc/         handlers, reactors, auth, metrics: core, exec, gRPC
@@ -24,7 +25,7 @@ PROTO_MSG = re.compile(r'^fusebox/v\d+/.*\.pb\.h$')
 # Folder -> the first-party include prefixes it may use, and whether gRPC / protobuf messages.
 RULES = [
     ("kernels/", ("kernels/",), False, False),
-    ("server/exec/", ("server/exec/", "kernels/dtype.h"), False, False),
+    ("server/exec/", ("server/exec/", "kernels/dtype.h", "kernels/cpu/parallel_copy.h"), False, False),
     ("server/backends/cpu/", ("server/exec/", "server/backends/cpu/", "kernels/"), False, False),
     ("server/backends/cuda/", ("server/exec/", "server/backends/cuda/", "kernels/"), False, False),
     ("server/core/", ("server/exec/", "server/core/", "kernels/dtype.h"), False, True),

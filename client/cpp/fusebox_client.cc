@@ -29,6 +29,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/parallel_copy.h"
 
 namespace fusebox::client {
 namespace {
@@ -214,7 +215,9 @@ absl::Status CheckServerDType(DType d) {
 // becomes an allocation or an offset past the end.
 class SliceReader {
  public:
-  explicit SliceReader(const std::vector<grpc::Slice>& slices) : s_(slices) {
+  // copy_threads: as Client::Options::copy_threads, for Gather.
+  explicit SliceReader(const std::vector<grpc::Slice>& slices, int copy_threads = 0)
+      : s_(slices), copy_threads_(copy_threads) {
     for (const auto& s : slices) total_ += s.size();
     Normalize();
   }
@@ -255,6 +258,20 @@ class SliceReader {
     }
     return true;
   }
+  // Copies the next n bytes to out, a large run split over copy_threads_ threads
+  // (kernels/cpu/parallel_copy.h).
+  bool Gather(uint64_t n, char* out) {
+    if (n > total_ - pos_) return false;
+    HostPieces pieces;
+    pieces.reserve(s_.size() - i_);
+    for (size_t j = i_; j < s_.size(); ++j) pieces.push_back({s_[j].begin(), s_[j].size()});
+    return GatherPieces(pieces, off_, out, static_cast<size_t>(n), copy_threads_) &&
+           Take(n, nullptr);
+  }
+  // True when Gather would split n bytes over more than one thread.
+  bool GathersInParallel(uint64_t n) const {
+    return CopyThreads(copy_threads_) > 1 && n >= 2 * kCopyPartBytes;
+  }
   bool Skip(int wire) {
     uint64_t v;
     switch (wire) {
@@ -279,6 +296,7 @@ class SliceReader {
     }
   }
   const std::vector<grpc::Slice>& s_;
+  const int copy_threads_;
   size_t i_ = 0, off_ = 0, pos_ = 0, total_ = 0;
 };
 
@@ -304,10 +322,17 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
       t->shape.push_back(static_cast<int64_t>(v));
     } else if (field == 3 && wire == 2) {
       if (!r.Length(&v)) return false;
-      // clear() keeps the capacity: a reused result needs no fresh allocation.
-      t->data.clear();
-      t->data.reserve(v);
-      if (!r.Take(v, &t->data)) return false;
+      if (t->data.size() == v || r.GathersInParallel(v)) {
+        // In place: a result reused for the same shape is overwritten without a fresh
+        // allocation or a zero-fill (resize fills only bytes the string did not have).
+        t->data.resize(v);
+        if (!r.Gather(v, t->data.data())) return false;
+      } else {
+        // clear() keeps the capacity; append touches each new page once.
+        t->data.clear();
+        t->data.reserve(v);
+        if (!r.Take(v, &t->data)) return false;
+      }
     } else if (!r.Skip(wire)) {
       return false;
     }
@@ -322,12 +347,15 @@ absl::Status ParseOpResponse(SliceReader& r, size_t end, OpResult* result) {
   HostTensor& out = result->output;
   out.dtype = static_cast<DType>(0);
   out.shape.clear();
-  out.data.clear();
+  // out.data keeps its bytes until the tensor's arrive (ParseTensor overwrites them in place).
   result->handle.clear();
   result->shared = false;
   result->timing = Timing();
   bool has_tensor = false;
-  auto bad = [] { return absl::InternalError("cannot parse the server's response"); };
+  auto bad = [&out] {
+    out.data.clear();
+    return absl::InternalError("cannot parse the server's response");
+  };
   while (r.pos() < end) {
     uint64_t key, len;
     if (!r.Varint(&key)) return bad();
@@ -375,16 +403,17 @@ absl::Status ParseOpResponse(SliceReader& r, size_t end, OpResult* result) {
     }
   }
   if (r.pos() != end) return bad();
+  if (!has_tensor) out.data.clear();
   if (!has_tensor && result->handle.empty() && !result->shared) {
     return absl::InternalError("server response has no output tensor");
   }
   return has_tensor || result->shared ? CheckServerDType(out.dtype) : absl::OkStatus();
 }
 
-absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result) {
+absl::Status ParseResponse(const grpc::ByteBuffer& bb, OpResult* result, int copy_threads) {
   std::vector<grpc::Slice> slices;
   if (!bb.Dump(&slices).ok()) return absl::InternalError("cannot read the server's response");
-  SliceReader r(slices);
+  SliceReader r(slices, copy_threads);
   return ParseOpResponse(r, r.total(), result);
 }
 
@@ -505,8 +534,9 @@ bool ParseDType(const std::string& name, DType* out) {
   return true;
 }
 
-absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result) {
-  return ParseResponse(response, result);
+absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result,
+                                  int copy_threads) {
+  return ParseResponse(response, result, copy_threads);
 }
 
 absl::StatusOr<HealthStatus> ParseHealthForTest(const grpc::ByteBuffer& response) {
@@ -653,7 +683,7 @@ absl::Status Client::Call(Op op, const std::vector<Arg>& inputs, OpResult* resul
     refs.WaitAllReleased();
   }
   if (!st.ok()) return st;
-  st = ParseResponse(response, result);
+  st = ParseResponse(response, result, options_.copy_threads);
   if (!st.ok()) return st;
   result->timing.rpc_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   return absl::OkStatus();

@@ -287,6 +287,9 @@ class Client {
     int transfer_connections = 4;
     int64_t parallel_min_bytes = int64_t{64} << 20;
     int64_t range_bytes = int64_t{8} << 20;
+    // Threads that copy a large op result (2 MiB or more) out of gRPC's receive buffers into
+    // OpResult::output.data: 0 = min(4, cores / 2), 1 = the calling thread alone.
+    int copy_threads = 0;
   };
 
   // Creates a channel to target ("host:port"). Does not wait for the server;
@@ -406,8 +409,10 @@ absl::Status FromGrpc(const grpc::Status& s);
 // "float32", "float16", "bfloat16"; false for anything else.
 bool ParseDType(const std::string& name, DType* out);
 
-// Parses an op response (any of the four) the way the client does (for the tests).
-absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result);
+// Parses an op response (any of the four) the way the client does (for the tests), a large
+// result copied with copy_threads threads (Options::copy_threads).
+absl::Status ParseResponseForTest(const grpc::ByteBuffer& response, OpResult* result,
+                                  int copy_threads = 0);
 // Parses an ExecuteResponse the way ExecuteStream::Next does (for the tests).
 absl::Status ParseExecuteResponseForTest(const grpc::ByteBuffer& response, ExecuteResult* out);
 // Parses a grpc.health.v1 HealthCheckResponse the way Health() does (for the tests).

@@ -1,4 +1,4 @@
-// How fast GatherPieces (server/exec/parallel_copy.h) gathers a 64 MiB request that arrived as
+// How fast GatherPieces (kernels/cpu/parallel_copy.h) gathers a 64 MiB request that arrived as
 // 1024 gRPC receive slices of 64 KiB, by thread count, two ways: into one 64 MiB buffer at once
 // (the CPU backend's gather), and 4 MiB at a time with a position carried between the calls
 // (StreamWorker::CopyIn filling 16 staging slots of 4 MiB). Every destination and source page is
@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 
 namespace {
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/parallel_copy.h"
 #include "kernels/dtype.h"
 
 namespace fusebox {
@@ -51,13 +52,8 @@ struct HostBytesFree {
 };
 using HostBytes = std::unique_ptr<char, HostBytesFree>;
 
-// An inline operand still in the pieces it arrived in (gRPC's receive slices): its bytes are
-// the pieces' bytes in order. The service hands these over instead of copying them together.
-struct HostPiece {
-  const void* data;
-  size_t bytes;
-};
-using HostPieces = std::vector<HostPiece>;
+// An inline operand still in the pieces it arrived in (gRPC's receive slices): HostPieces
+// (kernels/cpu/parallel_copy.h). The service hands these over instead of copying them together.
 
 // One op on validated, host-resident inputs. The caller keeps every buffer
 // alive until `done` runs. Output dtype is `dtype`, except RowSum's (float32).

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "client/cpp/fusebox_client.h"
 #include "client/cpp/npy.h"
@@ -144,6 +145,50 @@ TEST(ResponseParserTest, ReusedResultKeepsItsBuffer) {
   ASSERT_TRUE(ParseResponseForTest(Sliced(bytes, {100}), &r).ok());
   EXPECT_EQ(r.output.data.data(), buffer);
   EXPECT_EQ(r.output.data.size(), size_t{1} << 18);
+}
+
+TEST(ResponseParserTest, ALargeResultIsGatheredOverSeveralThreadsFromManySlices) {
+  // 5 MiB + 3 bytes: past the 2 MiB below which one thread copies, cut into receive-sized
+  // slices at odd places, parsed into a fresh result, a larger one and one of the same size.
+  std::mt19937 rng(7);
+  std::string data((size_t{5} << 20) + 3, '\0');
+  for (char& c : data) c = static_cast<char>(rng());
+  v1::GeluResponse resp;
+  auto* t = resp.mutable_output()->mutable_tensor();
+  t->set_dtype(v1::FLOAT16);
+  t->add_shape(static_cast<int64_t>(data.size() / 2));
+  t->set_data(data);
+  const std::string bytes = resp.SerializeAsString();
+  std::vector<size_t> cut = {7};
+  while (cut.size() < 90) cut.push_back(65536 - 13 + cut.size() % 29);
+  for (int threads : {1, 4}) {
+    OpResult fresh, larger, same;
+    larger.output.data.assign(data.size() + 4096, 'x');
+    same.output.data.assign(data.size(), 'x');
+    const char* same_buffer = same.output.data.data();
+    for (OpResult* r : {&fresh, &larger, &same}) {
+      ASSERT_TRUE(ParseResponseForTest(Sliced(bytes, cut), r, threads).ok()) << threads;
+      EXPECT_TRUE(r->output.data == data) << threads;
+    }
+    EXPECT_EQ(same.output.data.data(), same_buffer) << threads;
+  }
+}
+
+TEST(ResponseParserTest, AHandleAnswerLeavesNoStaleBytesOfAReusedResult) {
+  v1::GeluResponse with_tensor;
+  with_tensor.mutable_output()->mutable_tensor()->set_dtype(v1::FLOAT32);
+  with_tensor.mutable_output()->mutable_tensor()->add_shape(4);
+  with_tensor.mutable_output()->mutable_tensor()->set_data(std::string(16, 'a'));
+  v1::GeluResponse with_handle;
+  with_handle.mutable_output()->set_handle("t-7");
+  OpResult r;
+  ASSERT_TRUE(ParseResponseForTest(Sliced(with_tensor.SerializeAsString(), {}), &r).ok());
+  ASSERT_EQ(r.output.data.size(), 16u);
+  ASSERT_TRUE(ParseResponseForTest(Sliced(with_handle.SerializeAsString(), {}), &r).ok());
+  EXPECT_EQ(r.handle, "t-7");
+  EXPECT_TRUE(r.output.data.empty());
+  EXPECT_FALSE(ParseResponseForTest(Sliced(std::string("\x0a\x05\x0a\x7f", 4), {}), &r).ok());
+  EXPECT_TRUE(r.output.data.empty());
 }
 
 TEST(ResponseParserTest, ReadsHandleAndRejectsGarbageAndMissingOutput) {

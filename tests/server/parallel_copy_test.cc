@@ -1,7 +1,7 @@
 // ParallelCopy and GatherPieces: every byte of the asked range lands where it belongs, and none
 // outside it, whatever the piece layout, offset, length and thread count; a short piece list
 // copies nothing; callers on many threads sharing the helper pool each get their own bytes.
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // bytes where they arrived and write the reply's bytes in place; an operand that arrived in
 // several pieces (gRPC's receive slices), or whose start is not aligned to its element, is
 // first copied together into one buffer on the worker (one pass, the only copy; a large one is
-// spread over CpuBackendOptions::copy_threads, server/exec/parallel_copy.h).
+// spread over CpuBackendOptions::copy_threads, kernels/cpu/parallel_copy.h).
 // Resident buffers are host memory, so a resident operand is used in place too.
 #include "server/backends/cpu/cpu_backend.h"
 
@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
 #include "server/exec/batcher.h"
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 #include "server/exec/queued_executor.h"
 
 namespace fusebox {

@@ -17,7 +17,7 @@ struct CpuBackendOptions {
   // that submits it when a worker is free and none waits (QueuedExecutor's `here`); 0 = never.
   size_t run_here_bytes = 64 << 10;
   // Threads that gather an operand that arrived in pieces into one buffer
-  // (server/exec/parallel_copy.h): 0 = automatic (min(4, cores / 2)), 1 = the worker alone.
+  // (kernels/cpu/parallel_copy.h): 0 = automatic (min(4, cores / 2)), 1 = the worker alone.
   int copy_threads = 0;
   BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
 };

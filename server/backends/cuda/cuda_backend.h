@@ -30,7 +30,7 @@ struct CudaBackendOptions {
   // Small inline GeLU / softmax / row-sum calls of a shape seen before run as one CUDA graph
   // each (copy in, kernel, copy out: StreamWorker::RunAsGraph).
   bool cuda_graphs = false;
-  // Threads that copy a call's host bytes into pinned staging (server/exec/parallel_copy.h):
+  // Threads that copy a call's host bytes into pinned staging (kernels/cpu/parallel_copy.h):
   // 0 = automatic (min(4, cores / 2)), 1 = the stream's own thread alone.
   int copy_threads = 0;
   BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)

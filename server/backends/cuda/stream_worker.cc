@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/exec/backend.h"
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 #include "server/backends/cuda/stream_gate.h"
 
 namespace fusebox::cuda_backend {

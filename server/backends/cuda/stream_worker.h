@@ -9,7 +9,7 @@
 // 64 MiB of staging a direction cut into 16 slots of 4 MiB, a large copy costs
 // about its host memcpy plus one chunk's DMA (55 GB/s), instead of memcpy + DMA
 // back to back. The host copy into a slot is spread over `copy_threads`
-// (server/exec/parallel_copy.h): on one thread it moved 7-16 GB/s, the slower
+// (kernels/cpu/parallel_copy.h): on one thread it moved 7-16 GB/s, the slower
 // end for a request still in its 64 KiB receive slices.
 //
 // Cost at start-up: 2 x staging_bytes of pinned host memory (cudaMallocHost),
@@ -34,7 +34,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cuda/matmul.h"
 #include "server/exec/backend.h"
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 
 namespace fusebox::cuda_backend {
 

@@ -1,5 +1,5 @@
 // ParallelCopy, GatherPieces: see parallel_copy.h.
-#include "server/exec/parallel_copy.h"
+#include "kernels/cpu/parallel_copy.h"
 
 #include <algorithm>
 #include <atomic>

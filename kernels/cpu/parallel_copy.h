@@ -1,5 +1,6 @@
-// Large host copies spread over a few threads: gathering a request's receive slices (HostPieces)
-// into one buffer, or copying one buffer into another. One thread's memcpy moves 7-16 GB/s, far
+// Large host copies spread over a few threads: gathering a message's receive slices (HostPieces)
+// into one buffer (the server's requests, the C++ client's results), or copying one buffer into
+// another. One thread's memcpy moves 7-16 GB/s, far
 // less than a host's memory gives several threads; gathering a 64 MiB request into pinned
 // staging on one thread was the largest part of its server time (lab/notes/rpc-path.md).
 //
@@ -10,10 +11,16 @@
 #pragma once
 
 #include <cstddef>
-
-#include "server/exec/backend.h"
+#include <vector>
 
 namespace fusebox {
+
+// Bytes that arrived in pieces (gRPC's receive slices): their bytes are the pieces' bytes in order.
+struct HostPiece {
+  const void* data;
+  size_t bytes;
+};
+using HostPieces = std::vector<HostPiece>;
 
 // The least a thread is given of a split copy: below it, waking a helper costs more than it saves.
 constexpr size_t kCopyPartBytes = size_t{1} << 20;
