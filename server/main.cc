@@ -256,6 +256,8 @@ int main(int argc, char** argv) {
   o.idle_expiry_seconds = absl::GetFlag(FLAGS_idle_expiry_s);
   o.stall_timeout_seconds = absl::GetFlag(FLAGS_stall_timeout_s);
   o.malloc_retain_bytes = bytes(absl::GetFlag(FLAGS_malloc_retain_mib));
+  // A quarter of what the heap may keep holds the CPU backend's large buffers (host_pool.h).
+  o.backend.cpu.host_pool_bytes = static_cast<size_t>(std::max<int64_t>(o.malloc_retain_bytes, 0) / 4);
   o.malloc_arenas = absl::GetFlag(FLAGS_malloc_arenas);
   o.max_connections = absl::GetFlag(FLAGS_max_connections);
   o.handshake_timeout_seconds = absl::GetFlag(FLAGS_handshake_timeout_s);

@@ -15,8 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/ops.h"
-#include "server/exec/batcher.h"
 #include "kernels/cpu/parallel_copy.h"
+#include "server/exec/batcher.h"
+#include "server/exec/host_pool.h"
 #include "server/exec/queued_executor.h"
 
 namespace fusebox {
@@ -36,15 +37,16 @@ void InputBytes(const OpCall& c, size_t in[3]) {
 }
 
 // Points c's inputs where the kernels can read them: in place when contiguous and aligned to
-// their element, else gathered into held[i] by up to `copy_threads` threads.
-absl::Status MakeContiguous(OpCall* c, std::unique_ptr<uint8_t[]> held[3], int copy_threads) {
+// their element, else gathered into held[i] (from `pool` when there is one) by up to
+// `copy_threads` threads.
+absl::Status MakeContiguous(OpCall* c, HostBytes held[3], int copy_threads, HostBufferPool* pool) {
   size_t bytes[3];
   InputBytes(*c, bytes);
   for (int i = 0; i < 3; ++i) {
     if (c->inputs[i] == nullptr || bytes[i] == 0) continue;
     const bool aligned = reinterpret_cast<uintptr_t>(c->inputs[i]) % ElementSize(c->dtype) == 0;
     if (c->input_pieces[i] == nullptr && aligned) continue;
-    held[i].reset(new (std::nothrow) uint8_t[bytes[i]]);
+    held[i] = pool != nullptr ? pool->Get(bytes[i]) : HostBytes(static_cast<char*>(std::malloc(bytes[i])));
     if (!held[i]) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the CPU backend could not allocate ", bytes[i], " bytes for an input"));
@@ -78,11 +80,11 @@ absl::Status RunOnCpu(const OpCall& c) {
 
 // One call (or a batch packed into one, batcher.h) on the worker: pieces and unaligned inputs
 // copied together first (copy_in_us), then the kernel (kernel_us).
-absl::Status RunCall(const OpCall& call, OpTiming* t, int copy_threads) {
+absl::Status RunCall(const OpCall& call, OpTiming* t, int copy_threads, HostBufferPool* pool) {
   OpCall c = call;
-  std::unique_ptr<uint8_t[]> held[3];
+  HostBytes held[3];
   const int64_t gather = SteadyNowNs();
-  if (absl::Status s = MakeContiguous(&c, held, copy_threads); !s.ok()) return s;
+  if (absl::Status s = MakeContiguous(&c, held, copy_threads, pool); !s.ok()) return s;
   const int64_t start = SteadyNowNs();
   if (held[0] || held[1] || held[2]) t->copy_in_us = (start - gather) / 1e3;
   absl::Status s = RunOnCpu(c);
@@ -96,14 +98,17 @@ class CpuBackend final : public Backend {
       : run_here_bytes_(o.run_here_bytes),
         copy_threads_(CopyThreads(o.copy_threads)),
         batcher_(o.batch,
-                 [copy_threads = copy_threads_](int, const OpCall& call, OpTiming* t) {
-                   return RunCall(call, t, copy_threads);
+                 [this](int, const OpCall& call, OpTiming* t) {
+                   return RunCall(call, t, copy_threads_, buffers_);
                  },
-                 [](size_t bytes) {
-                   return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
-                 }),
-        exec_("CPU", o.workers, o.queue_capacity) {}
-  ~CpuBackend() override { Shutdown(); }
+                 [this](size_t bytes) { return AllocateHostBytes(bytes); }),
+        exec_("CPU", o.workers, o.queue_capacity) {
+    if (o.host_pool_bytes > 0) buffers_ = HostBufferPool::Create(o.host_pool_bytes, HostBufferPool::Malloc());
+  }
+  ~CpuBackend() override {
+    Shutdown();
+    if (buffers_ != nullptr) buffers_->Release();  // buffers still out keep it until they return
+  }
 
   std::string name() const override { return "cpu"; }
   std::string device() const override { return "cpu"; }
@@ -114,6 +119,10 @@ class CpuBackend final : public Backend {
     const size_t host = in[0] + in[1] + in[2] + call.output_bytes;
     const bool here = host <= run_here_bytes_;
     batcher_.Submit(exec_, call, enqueued_ns, std::move(done), here);
+  }
+
+  HostBytes AllocateHostBytes(size_t bytes) override {
+    return buffers_ != nullptr ? buffers_->Get(bytes) : Backend::AllocateHostBytes(bytes);
   }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
@@ -177,6 +186,7 @@ class CpuBackend final : public Backend {
 
   const size_t run_here_bytes_;
   const int copy_threads_;
+  HostBufferPool* buffers_ = nullptr;  // released (not deleted) at destruction: host_pool.h
   Batcher batcher_;  // before exec_: outlives the jobs that reach it
   QueuedExecutor exec_;
 };

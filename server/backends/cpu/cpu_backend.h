@@ -20,6 +20,11 @@ struct CpuBackendOptions {
   // (kernels/cpu/parallel_copy.h): 0 = automatic (min(4, cores / 2)), 1 = the worker alone.
   int copy_threads = 0;
   BatchOptions batch;  // small calls of one key waiting together run as one (batcher.h)
+  // Inline results and gathered operands go in buffers kept for the next call
+  // (server/exec/host_pool.h), up to this many bytes at once; 0 = malloc each (glibc maps and
+  // faults in a fresh one of ~64 MiB and up every time). The server sets a quarter of
+  // --malloc_retain_mib.
+  size_t host_pool_bytes = size_t{256} << 20;
 };
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -254,7 +254,7 @@ class CudaBackend final : public Backend {
   absl::Status Check(const OpCall& call) const override;
   void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override;
   BackendStats stats() const override;
-  // Pinned from PinnedPool (its copies are one DMA); malloc once the pool's cap is reached.
+  // Pinned from the pinned pool (its copies are one DMA); malloc once the pool's cap is reached.
   HostBytes AllocateHostBytes(size_t bytes) override {
     return pinned_ != nullptr && !broken_.load() ? pinned_->Get(bytes)
                                                  : HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
@@ -303,7 +303,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   std::shared_ptr<Pool> pool_;
   const std::shared_ptr<DirectRanges> direct_ = std::make_shared<DirectRanges>();
-  PinnedPool* pinned_ = nullptr;  // released (not deleted) at destruction: pinned_pool.h
+  HostBufferPool* pinned_ = nullptr;  // released (not deleted) at destruction: host_pool.h
   std::vector<std::unique_ptr<StreamWorker>> workers_;
   std::unique_ptr<Batcher> batcher_;  // before exec_: outlives the jobs that reach it
   std::unique_ptr<QueuedExecutor> exec_;
@@ -392,7 +392,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const CudaBacke
       },
       [self](size_t bytes) { return self->AllocateHostBytes(bytes); });
   std::shared_ptr<DirectRanges> ranges = b->direct_;
-  b->pinned_ = PinnedPool::Create(
+  b->pinned_ = MakePinnedPool(
       o.device, 4 * o.staging_bytes, [ranges](void* p, size_t n) { ranges->Add(p, n); },
       [ranges](void* p) { ranges->Remove(p); });
   return b;
