@@ -2,7 +2,8 @@
 // threading around the vector inner loops of simd.h. Half types are widened into
 // small L1-resident float blocks (kBlock floats), computed, and narrowed back,
 // so they also make one pass over memory. Costs:
-//   Gelu        1 read + 1 write per element, ~20 flops (one exp, one divide).
+//   Gelu        1 read + 1 write per element, ~20 flops (one exp, one divide); from pieces
+//               (GeluPieces) the same, each block's bytes first copied into L1.
 //   Softmax     rows <= kShortRow columns: 1 read + 1 write from memory (max, exp+sum
 //               and scale passes run on the cached row), one exp per element.
 //               Longer rows: per segment an online max+sum pass, then a write pass:
@@ -77,6 +78,39 @@ absl::Status Gelu(DType dt, const void* in, void* out, int64_t n) {
       k.store(dt, buf, At(dt, out, i), len);
     }
   });
+  return absl::OkStatus();
+}
+
+absl::Status GeluPieces(DType dt, const HostPieces& pieces, void* out, int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  const simd::Kernels& k = simd::Active();
+  const size_t es = ElementSize(dt);
+  std::atomic<bool> short_input{false};
+  ParallelFor(n, 4 * kMinTask, [&](int64_t b, int64_t e) {
+    PiecePos pos;
+    if (!SeekPieces(pieces, static_cast<size_t>(b) * es, &pos)) {
+      short_input.store(true);
+      return;
+    }
+    alignas(64) float buf[kBlock];
+    alignas(64) uint16_t half[kBlock];
+    for (int64_t i = b; i < e; i += kBlock) {
+      const int64_t len = std::min(kBlock, e - i);
+      void* block = dt == DType::kFloat32 ? static_cast<void*>(buf) : static_cast<void*>(half);
+      if (!GatherPieces(pieces, &pos, block, static_cast<size_t>(len) * es, 1)) {
+        short_input.store(true);
+        return;
+      }
+      if (dt == DType::kFloat32) {
+        k.gelu(buf, static_cast<float*>(out) + i, len);
+        continue;
+      }
+      k.load(dt, half, buf, len);
+      k.gelu(buf, buf, len);
+      k.store(dt, buf, At(dt, out, i), len);
+    }
+  });
+  if (short_input.load()) return absl::InternalError("GeluPieces: the pieces hold fewer bytes than n elements");
   return absl::OkStatus();
 }
 

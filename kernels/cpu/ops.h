@@ -8,12 +8,17 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cpu/parallel_copy.h"
 #include "kernels/dtype.h"
 
 namespace fusebox::cpu {
 
 // out[i] = gelu_tanh(in[i]) for n elements.
 absl::Status Gelu(DType dtype, const void* in, void* out, int64_t n);
+// The same for an input that is the bytes of `pieces` in order (a message's receive slices, cut
+// at any byte): read once through an L1 block, with no gather into one buffer first (which
+// would read and write every byte once more). INTERNAL when the pieces hold fewer bytes.
+absl::Status GeluPieces(DType dtype, const HostPieces& pieces, void* out, int64_t n);
 
 // Softmax of each of `rows` rows of `cols` elements (max-subtracted).
 absl::Status Softmax(DType dtype, const void* in, void* out, int64_t rows, int64_t cols);

@@ -182,8 +182,12 @@ bool GatherPieces(const HostPieces& pieces, PiecePos* pos, void* dst, size_t n, 
 
 bool GatherPieces(const HostPieces& pieces, size_t offset, void* dst, size_t n, int threads) {
   PiecePos pos;
-  if (!Advance(pieces.data(), pieces.size(), &pos.piece, &pos.offset, offset)) return false;
-  return Gather(pieces.data(), pieces.size(), &pos, dst, n, threads);
+  return SeekPieces(pieces, offset, &pos) && Gather(pieces.data(), pieces.size(), &pos, dst, n, threads);
+}
+
+bool SeekPieces(const HostPieces& pieces, size_t offset, PiecePos* pos) {
+  *pos = PiecePos{};
+  return Advance(pieces.data(), pieces.size(), &pos->piece, &pos->offset, offset);
 }
 
 }  // namespace fusebox

@@ -45,5 +45,7 @@ struct PiecePos {
 bool GatherPieces(const HostPieces& pieces, PiecePos* pos, void* dst, size_t n, int threads);
 // The same from byte `offset` of the pieces' bytes.
 bool GatherPieces(const HostPieces& pieces, size_t offset, void* dst, size_t n, int threads);
+// Sets *pos to byte `offset` of the pieces' bytes; false when they hold fewer.
+bool SeekPieces(const HostPieces& pieces, size_t offset, PiecePos* pos);
 
 }  // namespace fusebox

@@ -134,6 +134,32 @@ TEST_P(CpuOps, GeluMatchesReferenceOnRandomInputs) {
   }
 }
 
+TEST_P(CpuOps, GeluFromPiecesCutAnywhereMatchesGeluOfTheWhole) {
+  SCOPED_TRACE(Trace());
+  const int64_t n = 3 * 4096 * 5 + 17;  // several L1 blocks and threads' chunks, odd
+  const Bytes in = Random(n, -8.0f, 8.0f);
+  Bytes want = Poisoned(dt(), n);
+  ASSERT_TRUE(Gelu(dt(), in.data(), want.data(), n).ok());
+  // Pieces as receive slices come: a 1-byte first one (cuts an element), empty ones, odd sizes.
+  const auto* bytes = reinterpret_cast<const uint8_t*>(in.data());
+  const size_t total = in.size();
+  HostPieces pieces = {{bytes, 1}, {bytes + 1, 0}};
+  std::mt19937_64 rng(seed_);
+  for (size_t at = 1; at < total;) {
+    const size_t len = std::min<size_t>(total - at, 1 + rng() % 9000);
+    pieces.push_back({bytes + at, len});
+    if (rng() % 7 == 0) pieces.push_back({bytes + at + len, 0});
+    at += len;
+  }
+  Bytes got = Poisoned(dt(), n);
+  ASSERT_TRUE(GeluPieces(dt(), pieces, got.data(), n).ok());
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), total)) << pieces.size() << " pieces";
+  // Pieces short of n elements: refused, not read past.
+  while (pieces.back().bytes == 0) pieces.pop_back();
+  pieces.back().bytes -= 1;
+  EXPECT_EQ(GeluPieces(dt(), pieces, got.data(), n).code(), absl::StatusCode::kInternal);
+}
+
 TEST_P(CpuOps, GeluRunsInPlace) {
   SCOPED_TRACE(Trace());
   const int64_t n = 100003;

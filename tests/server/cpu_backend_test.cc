@@ -1,8 +1,8 @@
 // The CPU backend's queue: a transfer's first piece is refused when the queue is full, its
 // later pieces are not (an admitted Upload or Download is never cut short by load); a call
 // whose caller has gone is answered CANCELLED without being computed; Check refuses nothing; an
-// input in pieces or unaligned is gathered into place, on one thread or several, and one whose
-// pieces hold too few bytes is refused rather than read past.
+// input in pieces or unaligned is read where it is (GeLU) or gathered into place, on one thread
+// or several, and one whose pieces hold too few bytes is refused rather than read past.
 #include "server/backends/cpu/cpu_backend.h"
 
 #include <gtest/gtest.h>
@@ -119,7 +119,7 @@ absl::Status GeluOf(int copy_threads, const void* in, const HostPieces* pieces, 
   return s;
 }
 
-TEST(CpuBackendCalls, AnInputInPiecesOrUnalignedIsGatheredWithAnyCopyThreads) {
+TEST(CpuBackendCalls, AGeluInputInPiecesOrUnalignedGivesTheSameResultWithAnyCopyThreads) {
   const int64_t n = (int64_t{5} << 20) / 4 + 3;  // past two 1 MiB parts, not a multiple of them
   std::vector<float> values(n);
   for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>((i * 7919) % 2001 - 1000) / 250;
