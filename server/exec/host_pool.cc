@@ -7,10 +7,8 @@
 namespace fusebox {
 namespace {
 
-constexpr size_t kSmallest = size_t{64} << 10;
-
 size_t SizeClass(size_t bytes) {
-  size_t c = kSmallest;
+  size_t c = kPooledBytes;
   while (c < bytes) c <<= 1;
   return c;
 }

@@ -18,6 +18,9 @@
 
 namespace fusebox {
 
+// The smallest buffer the pool keeps (its first size class); a caller may malloc smaller ones.
+constexpr size_t kPooledBytes = size_t{64} << 10;
+
 class HostBufferPool {
  public:
   // Where the pool's buffers come from and go back to: `get` returns a buffer of that many bytes

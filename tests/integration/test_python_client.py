@@ -1205,3 +1205,27 @@ def test_async_execute_many_answers_every_call(server):
     # A call the client cannot encode raises, and ends the stream.
     with pytest.raises(ValueError, match="unknown op"):
         asyncio.run(run([StreamCall("cube", (np.ones(2, np.float32),))]))
+
+
+def _heap_setting_in_a_fresh_process(env_value, make_client):
+    """What keep_freed_memory reports in a new interpreter (the setting is process-wide and once),
+    with $FUSEBOX_KEEP_FREED_MEMORY set to env_value (None: unset)."""
+    env = dict(os.environ)
+    env.pop("FUSEBOX_KEEP_FREED_MEMORY", None)
+    if env_value is not None:
+        env["FUSEBOX_KEEP_FREED_MEMORY"] = env_value
+    code = ("import fusebox_client as f\n"
+            + ("f.Client('localhost:1', keep_freed_memory=False)\n" if make_client == "off" else "")
+            + ("f.Client('localhost:1')\n" if make_client == "on" else "")
+            + "print(f._common._heap_kept, f.keep_freed_memory())\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    return out.stdout.split()
+
+
+def test_a_client_keeps_freed_memory_for_large_calls_unless_told_not_to():
+    # glibc (the test machines): a Client turns it on; keep_freed_memory=False or the variable
+    # leaves malloc as it was (nothing set before the explicit call that follows).
+    assert _heap_setting_in_a_fresh_process(None, "on") == ["True", "True"]
+    assert _heap_setting_in_a_fresh_process(None, "off") == ["None", "True"]
+    assert _heap_setting_in_a_fresh_process("0", "on") == ["False", "False"]

@@ -98,6 +98,38 @@ def _read_pem(pem: Optional[Pem]) -> Optional[bytes]:
         return f.read()
 
 
+_heap_lock = threading.Lock()
+_heap_kept: Optional[bool] = None
+
+
+def keep_freed_memory(retain_bytes: int = 1 << 30) -> bool:
+    """Lets this process's malloc (glibc's) serve large blocks from its heap and keep up to
+    retain_bytes of freed memory for the next ones, instead of mapping every block past 32 MiB
+    fresh and faulting it in 4 KiB at a time. A 64 MiB inline call makes four or five such
+    buffers, three of them inside grpcio, and their page faults were most of the Python
+    client's time (lab/notes/python-client.md). Process-wide and once: the clients call it
+    when made unless told not to (keep_freed_memory=False, or $FUSEBOX_KEEP_FREED_MEMORY=0).
+    Returns whether the setting is in effect (False where malloc is not glibc's)."""
+    global _heap_kept
+    with _heap_lock:
+        if _heap_kept is not None:
+            return _heap_kept
+        _heap_kept = False
+        if os.environ.get("FUSEBOX_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+            return False
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None)
+            libc.gnu_get_libc_version  # glibc only: mallopt's numbers below are glibc's
+            m_trim_threshold, m_mmap_max = -1, -4
+            retain = max(0, min(int(retain_bytes), (1 << 31) - 1))
+            _heap_kept = bool(libc.mallopt(m_mmap_max, 0)) and bool(
+                libc.mallopt(m_trim_threshold, ctypes.c_int(retain)))
+        except (OSError, AttributeError):
+            pass
+        return _heap_kept
+
+
 def settings(target: Optional[str], token: Optional[str], tls: bool,
              root_certificates: Optional[Pem], certificate_chain: Optional[Pem],
              private_key: Optional[Pem], server_name: Optional[str]) -> Settings:

@@ -26,6 +26,7 @@ from ._common import (call_metadata, channel_options, check_inline, credentials,
                       SharedTensor, stream_result, StreamCall, StreamResult, tensor_info,
                       TensorInfo, Timing, transfer_channel_options, unary_request,
                       upload_messages, write_messages, serialize_request)
+from ._common import keep_freed_memory as _keep_freed_memory
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
 from .shm import RegisteredRegion, SharedMemoryRegion
@@ -44,8 +45,11 @@ class AsyncClient:
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 range_bytes: int = RANGE_BYTES, copy_results: bool = True) -> None:
+                 range_bytes: int = RANGE_BYTES, copy_results: bool = True,
+                 keep_freed_memory: bool = True) -> None:
         """The arguments and their defaults are Client's."""
+        if keep_freed_memory:
+            _keep_freed_memory()
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
         self.target = s.target

@@ -46,6 +46,7 @@ from ._common import (call_metadata, channel_options, check_inline, credentials,
                       SharedMemoryInfo, SharedOutput, SharedTensor, stream_result, StreamCall,
                       StreamResult, tensor_info, TensorInfo, Timing, transfer_channel_options,
                       unary_request, upload_messages, write_messages, serialize_request)
+from ._common import keep_freed_memory as _keep_freed_memory
 from .shm import RegisteredRegion, SharedMemoryRegion
 from ._wire import parse_op_response
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
@@ -67,7 +68,8 @@ class Client:
                  private_key: Optional[Pem] = None, server_name: Optional[str] = None,
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
-                 range_bytes: int = RANGE_BYTES, copy_results: bool = True) -> None:
+                 range_bytes: int = RANGE_BYTES, copy_results: bool = True,
+                 keep_freed_memory: bool = True) -> None:
         """target: "host:port", "unix:/path" (default $FUSEBOX_SERVER, else localhost:50051);
         timeout: each call's deadline in seconds; max_message_bytes: this side's limit on one
         message (-1: none but protobuf's 2 GiB); token: bearer token for a server started with
@@ -91,7 +93,14 @@ class Client:
         copy_results: an op's numpy result is copied out of the received message into a
         writable array (True), or is a read-only view of the message's bytes, with no copy
         (False: one copy fewer; the view may not be aligned to its dtype). torch
-        results (output="torch") and bfloat16 widened to float32 are new memory either way."""
+        results (output="torch") and bfloat16 widened to float32 are new memory either way.
+
+        keep_freed_memory: on first use, let this process's malloc keep up to 1 GiB of freed
+        memory and serve large blocks from its heap, so large calls do not fault in fresh
+        pages for every buffer (process-wide; fusebox_client.keep_freed_memory says more;
+        $FUSEBOX_KEEP_FREED_MEMORY=0 also turns it off)."""
+        if keep_freed_memory:
+            _keep_freed_memory()
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
                      server_name)
         self.target = s.target

@@ -36,6 +36,13 @@ void InputBytes(const OpCall& c, size_t in[3]) {
   }
 }
 
+// `bytes` of host memory: from `pool` when there is one and the buffer is large (small ones are
+// quick to malloc, and a pool would only add its lock), else malloc'ed.
+HostBytes PooledOrMalloced(HostBufferPool* pool, size_t bytes) {
+  if (pool != nullptr && bytes >= kPooledBytes) return pool->Get(bytes);
+  return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+}
+
 // Points c's inputs where the kernels can read them: in place when contiguous and aligned to
 // their element, else gathered into held[i] (from `pool` when there is one) by up to
 // `copy_threads` threads.
@@ -46,7 +53,7 @@ absl::Status MakeContiguous(OpCall* c, HostBytes held[3], int copy_threads, Host
     if (c->inputs[i] == nullptr || bytes[i] == 0) continue;
     const bool aligned = reinterpret_cast<uintptr_t>(c->inputs[i]) % ElementSize(c->dtype) == 0;
     if (c->input_pieces[i] == nullptr && aligned) continue;
-    held[i] = pool != nullptr ? pool->Get(bytes[i]) : HostBytes(static_cast<char*>(std::malloc(bytes[i])));
+    held[i] = PooledOrMalloced(pool, bytes[i]);
     if (!held[i]) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the CPU backend could not allocate ", bytes[i], " bytes for an input"));
@@ -130,7 +137,7 @@ class CpuBackend final : public Backend {
   }
 
   HostBytes AllocateHostBytes(size_t bytes) override {
-    return buffers_ != nullptr ? buffers_->Get(bytes) : Backend::AllocateHostBytes(bytes);
+    return PooledOrMalloced(buffers_, bytes);
   }
 
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
