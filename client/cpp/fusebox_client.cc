@@ -322,11 +322,13 @@ bool ParseTensor(SliceReader& r, size_t end, HostTensor* t) {
       t->shape.push_back(static_cast<int64_t>(v));
     } else if (field == 3 && wire == 2) {
       if (!r.Length(&v)) return false;
-      if (t->data.size() == v || r.GathersInParallel(v)) {
-        // In place: a result reused for the same shape is overwritten without a fresh
-        // allocation or a zero-fill (resize fills only bytes the string did not have).
+      if (r.GathersInParallel(v)) {
+        // resize fills only bytes the string did not have: none for a result reused for the
+        // same shape, which is overwritten in place.
         t->data.resize(v);
         if (!r.Gather(v, t->data.data())) return false;
+      } else if (t->data.size() == v) {
+        if (!r.CopyTo(v, t->data.data())) return false;
       } else {
         // clear() keeps the capacity; append touches each new page once.
         t->data.clear();
