@@ -217,7 +217,7 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
   for (int64_t d : shape) out->add_shape(d);
   if (bytes >= kSentInPlaceBytes) {
     p->inline_output = ctx.backend ? ctx.backend->AllocateHostBytes(static_cast<size_t>(bytes))
-                                   : HostBytes(static_cast<char*>(std::malloc(static_cast<size_t>(bytes))));
+                                   : MallocHostBytes(static_cast<size_t>(bytes));
     if (!p->inline_output) throw std::bad_alloc();  // RunOp answers RESOURCE_EXHAUSTED
     p->call.output = p->inline_output.get();
   } else {

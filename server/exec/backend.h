@@ -52,6 +52,11 @@ struct HostBytesFree {
 };
 using HostBytes = std::unique_ptr<char, HostBytesFree>;
 
+// `bytes` (at least 1) from malloc, freed with std::free; null when malloc fails.
+inline HostBytes MallocHostBytes(size_t bytes) {
+  return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+}
+
 // An inline operand still in the pieces it arrived in (gRPC's receive slices): HostPieces
 // (kernels/cpu/parallel_copy.h). The service hands these over instead of copying them together.
 
@@ -193,9 +198,7 @@ class Backend {
 // A backend whose kernels take every valid call (the CPU's) keeps this.
 inline absl::Status Backend::Check(const OpCall&) const { return absl::OkStatus(); }
 
-inline HostBytes Backend::AllocateHostBytes(size_t bytes) {
-  return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
-}
+inline HostBytes Backend::AllocateHostBytes(size_t bytes) { return MallocHostBytes(bytes); }
 
 // Defaults for backends without resident memory.
 inline absl::StatusOr<std::unique_ptr<Buffer>> Backend::Allocate(size_t) {

@@ -54,7 +54,7 @@ HostBytes HostBufferPool::Get(size_t bytes) {
     }
     if (p != nullptr) ++refs_;
   }
-  if (p == nullptr) return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+  if (p == nullptr) return MallocHostBytes(bytes);
   return HostBytes(p, HostBytesFree{&HostBufferPool::Return, this});
 }
 

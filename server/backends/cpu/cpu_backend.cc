@@ -40,7 +40,7 @@ void InputBytes(const OpCall& c, size_t in[3]) {
 // quick to malloc, and a pool would only add its lock), else malloc'ed.
 HostBytes PooledOrMalloced(HostBufferPool* pool, size_t bytes) {
   if (pool != nullptr && bytes >= kPooledBytes) return pool->Get(bytes);
-  return HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+  return MallocHostBytes(bytes);
 }
 
 // Points c's inputs where the kernels can read them: in place when contiguous and aligned to

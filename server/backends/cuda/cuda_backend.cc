@@ -257,7 +257,7 @@ class CudaBackend final : public Backend {
   // Pinned from the pinned pool (its copies are one DMA); malloc once the pool's cap is reached.
   HostBytes AllocateHostBytes(size_t bytes) override {
     return pinned_ != nullptr && !broken_.load() ? pinned_->Get(bytes)
-                                                 : HostBytes(static_cast<char*>(std::malloc(bytes == 0 ? 1 : bytes)));
+                                                 : MallocHostBytes(bytes);
   }
   absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
   void SubmitWrite(Buffer* dst, size_t offset, const void* src, size_t bytes, int64_t enqueued_ns,
