@@ -6,9 +6,12 @@ Starts `fusebox-server --backend=cpu` on a free loopback port, then runs interle
 (the order rotates each round) of:
   cpp        `fusebox-perf --op gelu --shape N --callers 1` for --cpp_seconds: the median
              latency of its calls in that round (the C++ client library, one call at a time)
-  py         this tree's fusebox_client.Client, --calls calls, their median wall time
-             (results copied into writable arrays: the default)
-  py_view    the same with copy_results=False (results are read-only views of the reply)
+  py         this tree's fusebox_client.Client, --calls calls, their median wall time, as a
+             user gets it: through the native transport (the build's libfusebox_native, the
+             C++ client under the Python one) when the build has it
+  py_grpcio  the same with native=False: grpcio carries the call (results copied into
+             writable arrays)
+  py_view    grpcio with copy_results=False (results are read-only views of the reply)
   py_old     the client package at --old_rev (git show'n into a temporary directory), the
              same calls: the path before the hand-encoded requests and replies
 and reports medians per client and each Python client's round-by-round ratio to the C++
@@ -109,6 +112,9 @@ def main() -> None:
     args = ap.parse_args()
 
     build = Path(args.build)
+    native_lib = build / "python" / "fusebox_client" / "libfusebox_native.so"
+    if native_lib.is_file():  # this tree's package is imported, the build's library used
+        os.environ.setdefault("FUSEBOX_NATIVE_LIB", str(native_lib))
     import fusebox_client
     import grpc
     import google.protobuf
@@ -122,7 +128,9 @@ def main() -> None:
     proc, address = start_server(build / "server" / "fusebox-server", server_log)
     try:
         clients = {"py": fusebox_client.Client(address, timeout=120),
-                   "py_view": fusebox_client.Client(address, timeout=120, copy_results=False),
+                   "py_grpcio": fusebox_client.Client(address, timeout=120, native=False),
+                   "py_view": fusebox_client.Client(address, timeout=120, copy_results=False,
+                                                    native=False),
                    "py_old": old.Client(address, timeout=120)}
         want = clients["py"].gelu(x)
         for c in clients.values():  # connect and warm up
@@ -153,6 +161,7 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds}: " +
                   ", ".join(f"{k} {times[k][-1] * 1e3:.1f} ms" for k in names) +
                   f"; load {load()}", flush=True)
+        clients_native = clients["py"]._native is not None
         for c in clients.values():
             c.close()
     except BaseException:
@@ -193,7 +202,9 @@ def main() -> None:
         f"--cpp_seconds {args.cpp_seconds} --old_rev {args.old_rev}`",
         f"- per round: cpp = the median latency of `fusebox-perf --callers 1` over "
         f"{args.cpp_seconds} s; each Python client = the median of {args.calls} calls. Rounds "
-        "interleave the four, the order rotating."
+        f"interleave the {len(names)}, the order rotating. py "
+        + ("went through the native transport (" + os.environ["FUSEBOX_NATIVE_LIB"] + ")"
+           if clients_native else "had no native transport (grpcio)") + "."
         + (" GLIBC_TUNABLES applies to both clients' processes (the Python one and each "
            "fusebox-perf), not to the server." if tunables else ""),
         "",

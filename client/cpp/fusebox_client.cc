@@ -59,12 +59,13 @@ class SliceRefs {
     std::lock_guard<std::mutex> lock(r->mu_);
     if (--r->live_ == 0) r->cv_.notify_all();
   }
-  grpc::Slice Wrap(const std::string& bytes) {
+  grpc::Slice Wrap(const std::string& bytes) { return Wrap(bytes.data(), bytes.size()); }
+  grpc::Slice Wrap(const void* data, size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++live_;
     }
-    return grpc::Slice(const_cast<char*>(bytes.data()), bytes.size(), &SliceRefs::Release, this);
+    return grpc::Slice(const_cast<void*>(data), bytes, &SliceRefs::Release, this);
   }
   void WaitAllReleased() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -689,6 +690,25 @@ absl::Status Client::Call(Op op, const std::vector<Arg>& inputs, OpResult* resul
   if (!st.ok()) return st;
   result->timing.rpc_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   return absl::OkStatus();
+}
+
+absl::Status Client::CallEncoded(const std::string& method, const HostPieces& request,
+                                 grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
+                                 const std::string& handle) {
+  absl::Status st;
+  SliceRefs refs;
+  {
+    std::vector<grpc::Slice> slices;
+    slices.reserve(request.size());
+    for (const HostPiece& p : request) {
+      if (p.bytes > 0) slices.push_back(refs.Wrap(p.data, p.bytes));
+    }
+    grpc::ByteBuffer buffer(slices.data(), slices.size());
+    slices.clear();
+    st = UnaryCall(method, buffer, response, timeout, handle);
+  }
+  refs.WaitAllReleased();  // gRPC holds no reference to the caller's bytes past here
+  return st;
 }
 
 absl::StatusOr<OpResult> Client::Run(Op op, std::vector<Arg> inputs, const CallOptions& opts) {

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "fusebox/v1/kernel_service.grpc.pb.h"
 #include "absl/status/statusor.h"
+#include "kernels/cpu/parallel_copy.h"
 #include "kernels/dtype.h"
 
 namespace fusebox::client {
@@ -316,6 +317,15 @@ class Client {
   // that saves a page fault per 4 KiB). inputs: {input} or {a, b[, bias]}.
   absl::Status Call(Op op, const std::vector<Arg>& inputs, OpResult* result,
                     const CallOptions& opts = {});
+
+  // A unary call whose request the caller has encoded already: `request` is its bytes as
+  // pieces in order, sent as they are (no copy; they must stay valid until the call returns).
+  // The reply's bytes are left in *response, unparsed. For clients in other languages that
+  // encode their own messages (the Python client's native transport, client/python/native).
+  // `handle`: a handle the call names, whose replica's header it then sends.
+  absl::Status CallEncoded(const std::string& method, const HostPieces& request,
+                           grpc::ByteBuffer* response, std::chrono::milliseconds timeout = {},
+                           const std::string& handle = {});
 
   // Tensors held by the server (on the GPU with the CUDA backend), usable as
   // Arg::Handle(info.handle) in any op. Upload streams chunks of chunk_bytes; tensors of at

@@ -1229,3 +1229,108 @@ def test_a_client_keeps_freed_memory_for_large_calls_unless_told_not_to():
     assert _heap_setting_in_a_fresh_process(None, "on") == ["True", "True"]
     assert _heap_setting_in_a_fresh_process(None, "off") == ["None", "True"]
     assert _heap_setting_in_a_fresh_process("0", "on") == ["False", "False"]
+
+
+# --- the native transport (libfusebox_native: the C++ client under this one) ----------------
+
+def _native_or_skip():
+    from fusebox_client import _native
+    if _native.library() is None:
+        pytest.skip("libfusebox_native is not built next to fusebox_client")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_native_transport_answers_every_op_as_grpcio_does(server, dtype):
+    _native_or_skip()
+    seed, rng = fresh_rng()
+    shapes = [(1,), (3, 5), (257, 1031), (2, 3, 70001)]  # tiny, odd, and past 1 MiB
+    with Client(server.address, timeout=30, native=False) as g, \
+            Client(server.address, timeout=30, native=True, native_min_bytes=0) as n:
+        for shape in shapes:
+            x = rng.standard_normal(shape).astype(np.float32)
+            for op in ("gelu", "softmax", "rowsum"):
+                want, tw = getattr(g, op)(x, dtype=dtype, return_timing=True)
+                got, tn = getattr(n, op)(x, dtype=dtype, return_timing=True)
+                assert got.dtype == want.dtype and got.shape == want.shape, (seed, op, shape)
+                assert np.array_equal(got, want, equal_nan=True), (seed, op, shape)
+                assert tn.backend == tw.backend and tn.total_us > 0 and tn.rpc_us > 0
+        a = rng.standard_normal((67, 129)).astype(np.float32)
+        b = rng.standard_normal((129, 33)).astype(np.float32)
+        bias = rng.standard_normal(33).astype(np.float32)
+        assert np.array_equal(n.matmul_relu(a, b, bias, dtype=dtype),
+                              g.matmul_relu(a, b, bias, dtype=dtype)), seed
+
+
+def test_a_native_result_is_writable_aligned_and_owned_by_the_caller(server):
+    _native_or_skip()
+    x = np.linspace(-3, 3, 1 << 20, dtype=np.float32)  # 4 MiB: past native_min_bytes
+    with Client(server.address, timeout=30, native=True) as c:
+        y = c.gelu(x)
+        z = c.gelu(x)
+    assert y.flags.writeable and y.flags.c_contiguous and y.ctypes.data % 64 == 0
+    assert not np.shares_memory(y, z)
+    before = z.copy()
+    y[:] = 0  # the caller's own memory: writing it changes no other result
+    assert np.array_equal(z, before)
+
+
+def test_the_native_transport_gives_the_same_errors_as_grpcio(server, tmp_path):
+    _native_or_skip()
+    big = np.ones((2, 1 << 18), np.float32)  # 2 MiB
+    with Client(server.address, timeout=30, native=False) as g, \
+            Client(server.address, timeout=30, native=True) as n:
+        for c in (g, n):
+            with pytest.raises(FuseboxError) as e:
+                c.matmul_relu(big, np.ones((3, 2), np.float32))
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(FuseboxError) as e:
+                c.matmul_relu(big.reshape(1 << 18, 2), "no-such-handle")
+            assert e.value.code == grpc.StatusCode.NOT_FOUND
+            with pytest.raises(FuseboxError) as e:
+                c.gelu(np.ones(64 << 20, np.uint8).view(np.float32), timeout=0.001)
+            assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        expect_still_serving(n)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-a alice\n")
+    s = Server(f"--token_file={tokens}")
+    try:
+        with Client(s.address, timeout=30, native=True) as c:
+            with pytest.raises(FuseboxError) as e:
+                c.gelu(big)
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+        with Client(s.address, timeout=30, native=True, token="secret-a") as c:
+            np.testing.assert_allclose(c.rowsum(big), np.full(2, float(1 << 18)))
+    finally:
+        s.stop()
+        s.kill()
+    with Client("127.0.0.1:1", timeout=5, native=True) as c:  # nothing listens there
+        with pytest.raises(FuseboxError) as e:
+            c.gelu(big)
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_native_true_without_the_library_is_refused_and_native_0_turns_it_off():
+    code = ("import fusebox_client as f\n"
+            "try:\n    f.Client('localhost:1', native=True)\nexcept ValueError as e:\n"
+            "    print('refused', 'libfusebox_native' in str(e))\n"
+            "print(f.Client('localhost:1')._native is None)\n")
+    env = dict(os.environ, FUSEBOX_NATIVE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == ["refused", "True", "True"]
+
+
+def test_the_async_client_takes_the_native_transport_too(server):
+    _native_or_skip()
+    import asyncio
+    from fusebox_client.aio import AsyncClient
+    x = np.linspace(-2, 2, 3 << 18, dtype=np.float32).reshape(3, -1)  # 3 MiB
+
+    async def run():
+        async with AsyncClient(server.address, timeout=30, native=True) as c:
+            assert c._native is not None
+            return await asyncio.gather(c.softmax(x), c.rowsum(x))
+
+    with Client(server.address, timeout=30, native=False) as g:
+        soft, rows = asyncio.run(run())
+        assert np.array_equal(soft, g.softmax(x)) and np.array_equal(rows, g.rowsum(x))

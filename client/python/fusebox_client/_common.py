@@ -55,8 +55,9 @@ class MessageTooLargeError(FuseboxError, ValueError):
     """Inline tensors too large for one message: upload() them and pass the handle."""
 
 
-def rpc_error(e: grpc.RpcError, inline_bytes: int = 0) -> FuseboxError:
-    """A gRPC error as a FuseboxError; one that a large inline request explains says so."""
+def rpc_error(e: Exception, inline_bytes: int = 0) -> FuseboxError:
+    """A gRPC error (a grpc.RpcError, or anything with its code() and details(): the native
+    transport's) as a FuseboxError; one that a large inline request explains says so."""
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = (e.details() if hasattr(e, "details") else None) or str(e)
     # gRPC's words for a message past a limit (either side's) or past protobuf's 2 GiB.

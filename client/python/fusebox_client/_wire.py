@@ -190,7 +190,39 @@ def _parse_tensor(buf: memoryview, i: int, end: int, r: OpReply) -> None:
     r.kind, r.dtype, r.shape, r.data = "tensor", int(dtype), tuple(shape), data
 
 
-def parse_op_response(raw: bytes) -> OpReply:
+def tensor_data_offset(prefix: Buf) -> Optional[int]:
+    """Where an op response's output tensor data starts, from the response's first bytes:
+    the offset of the data field's first byte, or None (no inline tensor, no data, or a
+    header longer than ``prefix``). Lets a receiver place the data at an aligned address."""
+    buf = memoryview(prefix)
+    end = len(buf)
+
+    def fields(i: int, want: int) -> Optional[int]:
+        """The offset of the value of length-delimited field ``want`` (past its length), the
+        fields before it skipped; None when it is not within the prefix."""
+        while i < end:
+            k, i = _read_varint(buf, i)
+            field, wire = k >> 3, k & 7
+            if wire == _LEN:
+                n, i = _read_varint(buf, i)
+                if field == want:
+                    return i
+                i += n
+            elif wire == _VARINT:
+                _, i = _read_varint(buf, i)
+            else:
+                return None
+        return None
+
+    try:
+        ref = fields(0, 1)  # the response's TensorRef output (Timing may come first)
+        tensor = None if ref is None else fields(ref, 1)  # TensorRef.tensor
+        return None if tensor is None else fields(tensor, 3)  # Tensor.data
+    except ParseError:
+        return None
+
+
+def parse_op_response(raw: Buf) -> OpReply:
     """GeluResponse / SoftmaxResponse / RowSumResponse / MatmulReluResponse bytes -> OpReply,
     the tensor's data not copied. ParseError for bytes that are not one."""
     buf = memoryview(raw)

@@ -30,6 +30,7 @@ from ._common import keep_freed_memory as _keep_freed_memory
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
 from .shm import RegisteredRegion, SharedMemoryRegion
+from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, open_native, use_native
 from ._wire import parse_op_response
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
@@ -46,8 +47,11 @@ class AsyncClient:
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
                  range_bytes: int = RANGE_BYTES, copy_results: bool = True,
-                 keep_freed_memory: bool = True) -> None:
-        """The arguments and their defaults are Client's."""
+                 keep_freed_memory: bool = True, native: Optional[bool] = None,
+                 native_min_bytes: int = NATIVE_MIN_BYTES) -> None:
+        """The arguments and their defaults are Client's. A call through the native transport
+        runs on the loop's default executor (a thread), so the loop goes on meanwhile; a
+        cancelled task's native call still runs to its end or its deadline."""
         if keep_freed_memory:
             _keep_freed_memory()
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
@@ -65,6 +69,8 @@ class AsyncClient:
         self.copy_results = copy_results
         self._settings = s
         self._options = channel_options(max_message_bytes, server_name)
+        self.native_min_bytes = native_min_bytes
+        self._native = open_native(native, s, server_name, max_message_bytes)
         self.channel = self._new_channel(self._options)
         self._transfer_channels: List[grpc.aio.Channel] = []
         self._unary = {name: self.channel.unary_unary(SERVICE + name,
@@ -117,6 +123,8 @@ class AsyncClient:
         await self.channel.close()
         for ch in self._transfer_channels:
             await ch.close()
+        if self._native is not None:
+            self._native.close()
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -317,10 +325,14 @@ class AsyncClient:
         check_inline(req.inline_bytes, self._max_message_bytes)
         start = now()
         try:
-            resp = await self._ops[req.method](
-                req, timeout=self._deadline(timeout),
-                metadata=call_metadata(self._metadata, req.handles))
-        except grpc.RpcError as e:
+            if self._native is not None and use_native(req, self.native_min_bytes):
+                resp = await asyncio.get_running_loop().run_in_executor(
+                    None, native_op, self._native, req, self._deadline(timeout))
+            else:
+                resp = await self._ops[req.method](
+                    req, timeout=self._deadline(timeout),
+                    metadata=call_metadata(self._metadata, req.handles))
+        except (grpc.RpcError, NativeCallError) as e:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
                          return_timing, self.copy_results)

@@ -48,6 +48,7 @@ from ._common import (call_metadata, channel_options, check_inline, credentials,
                       unary_request, upload_messages, write_messages, serialize_request)
 from ._common import keep_freed_memory as _keep_freed_memory
 from .shm import RegisteredRegion, SharedMemoryRegion
+from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, open_native, use_native
 from ._wire import parse_op_response
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 
@@ -69,7 +70,8 @@ class Client:
                  progress: Progress = None, connections: int = DEFAULT_CONNECTIONS,
                  parallel_min_bytes: int = PARALLEL_MIN_BYTES,
                  range_bytes: int = RANGE_BYTES, copy_results: bool = True,
-                 keep_freed_memory: bool = True) -> None:
+                 keep_freed_memory: bool = True, native: Optional[bool] = None,
+                 native_min_bytes: int = NATIVE_MIN_BYTES) -> None:
         """target: "host:port", "unix:/path" (default $FUSEBOX_SERVER, else localhost:50051);
         timeout: each call's deadline in seconds; max_message_bytes: this side's limit on one
         message (-1: none but protobuf's 2 GiB); token: bearer token for a server started with
@@ -98,7 +100,14 @@ class Client:
         keep_freed_memory: on first use, let this process's malloc keep up to 1 GiB of freed
         memory and serve large blocks from its heap, so large calls do not fault in fresh
         pages for every buffer (process-wide; fusebox_client.keep_freed_memory says more;
-        $FUSEBOX_KEEP_FREED_MEMORY=0 also turns it off)."""
+        $FUSEBOX_KEEP_FREED_MEMORY=0 also turns it off).
+
+        native: an op call with at least native_min_bytes of inline tensors goes through the
+        native transport (libfusebox_native, the C++ client under this one: no copy of the
+        request, one of the reply, into an aligned writable array), where grpcio would copy
+        each several times; same messages, errors and results. None: when the library is
+        there (a CMake build puts it next to this package; a pip-only install has none;
+        $FUSEBOX_NATIVE=0 turns it off); True: it must be; False: grpcio always."""
         if keep_freed_memory:
             _keep_freed_memory()
         s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
@@ -144,6 +153,8 @@ class Client:
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later, self._free_now)
         self._stub: Any = None
+        self.native_min_bytes = native_min_bytes
+        self._native = open_native(native, s, server_name, max_message_bytes)
 
     def _new_channel(self, options: List[Tuple[str, Any]]) -> grpc.Channel:
         if self._settings.tls:
@@ -180,6 +191,8 @@ class Client:
         self.channel.close()
         for ch in self._transfer_channels:
             ch.close()
+        if self._native is not None:
+            self._native.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -380,9 +393,12 @@ class Client:
         check_inline(req.inline_bytes, self._max_message_bytes)
         start = now()
         try:
-            resp = self._ops[req.method](req, timeout=self._deadline(timeout),
-                                           metadata=call_metadata(self._metadata, req.handles))
-        except grpc.RpcError as e:
+            if self._native is not None and use_native(req, self.native_min_bytes):
+                resp = native_op(self._native, req, self._deadline(timeout))
+            else:
+                resp = self._ops[req.method](req, timeout=self._deadline(timeout),
+                                               metadata=call_metadata(self._metadata, req.handles))
+        except (grpc.RpcError, NativeCallError) as e:
             raise rpc_error(e, req.inline_bytes) from None
         return op_result(resp, (now() - start) * 1e6, self._freer, output, bf16_output,
                          return_timing, self.copy_results)
