@@ -254,6 +254,34 @@ TEST_F(IntegrationTest, ProtobufRequestPathGivesTheSameAnswer) {
   EXPECT_EQ(r1->output.data, r2->output.data);
 }
 
+TEST_F(IntegrationTest, AnEncodedRequestInPiecesGetsTheReplyAnOrdinaryCallGets) {
+  HostTensor in = Random(DType::kFloat16, {3, 4099}, FreshSeed());
+  client::CallOptions opts;
+  const grpc::ByteBuffer encoded = client::EncodeRequestForTest(false, {in}, opts);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(encoded.Dump(&slices).ok());
+  std::string wire;
+  for (const grpc::Slice& s : slices) wire.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // The same bytes cut anywhere, with an empty piece among them, are one message.
+  HostPieces pieces = {{wire.data(), 7}, {wire.data() + 7, 0}, {wire.data() + 7, 1000},
+                       {wire.data() + 1007, wire.size() - 1007}};
+  grpc::ByteBuffer reply;
+  ASSERT_TRUE(client_->CallEncoded("/fusebox.v1.KernelService/Softmax", pieces, &reply).ok());
+  client::OpResult got;
+  ASSERT_TRUE(client::ParseResponseForTest(reply, &got).ok());
+  auto want = client_->Softmax(in);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(got.output.shape, want->output.shape);
+  EXPECT_EQ(got.output.data, want->output.data);
+  // An error comes back as the call's status, and the caller's bytes are released either way.
+  wire[wire.size() - 1] ^= 0x5a;
+  grpc::ByteBuffer bad_reply;
+  const absl::Status st = client_->CallEncoded("/fusebox.v1.KernelService/MatmulRelu",
+                                               {{wire.data(), wire.size()}}, &bad_reply);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  ExpectStillServing();
+}
+
 TEST_F(IntegrationTest, ConcurrentCallersAllGetTheirOwnAnswers) {
   constexpr int kThreads = 8, kCalls = 20;
   std::vector<std::thread> threads;
