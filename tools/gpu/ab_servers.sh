@@ -5,12 +5,16 @@
 #   builds    BASELINE's server (the bundle's base/, from BASELINE=<rev> tools/gpu/device_all.sh
 #             e2e) against this bundle's, both --backend=cuda: base head, head base, base head
 #   backends  this bundle's server with --backend=cpu against --backend=cuda, three rounds
+#   flags     this bundle's CUDA server with its defaults and with each extra argument's flags
+#             (one argument per configuration, e.g. "--cuda_graphs=true" "--kernel_gate=false"),
+#             ROUNDS (2) rounds, the order reversed every other round
 # Each server instance prints one row per case with the server's phase medians (--phases).
-# usage: BUNDLE=.bundle-e2e bash .bundle-e2e/bin/ab_servers.sh builds|backends
+# usage: BUNDLE=.bundle-e2e bash .bundle-e2e/bin/ab_servers.sh builds|backends|flags [FLAGS...]
 #        [CASES=4KiB:1,4KiB:8] [SECONDS_PER_CASE=3]
 set -u -o pipefail
 B=${BUNDLE:-.bundle-e2e}
 mode=${1:-}
+shift $(( $# > 0 ))
 cases=${CASES:-4KiB:1,4KiB:8}
 [[ -f $B/lib.tgz && ! -d $B/lib ]] && tar -C "$B" -xzf "$B/lib.tgz"
 [[ -f $B/base.tgz && ! -d $B/base ]] && tar -C "$B" -xzf "$B/base.tgz"
@@ -52,7 +56,17 @@ case $mode in
       run "cpu round $r" "$B/bin/fusebox-server" --backend=cpu
       run "cuda round $r" "$B/bin/fusebox-server" --backend=cuda
     done ;;
-  *) echo "usage: ab_servers.sh builds|backends"; exit 2 ;;
+  flags)
+    configs=("" "$@")
+    for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+      idx=($(seq 0 $((${#configs[@]} - 1))))
+      (( r % 2 == 0 )) && idx=($(printf '%s\n' "${idx[@]}" | tac))
+      for i in "${idx[@]}"; do
+        # shellcheck disable=SC2086  # one configuration's flags, split on spaces
+        run "cuda ${configs[i]:-defaults} round $r" "$B/bin/fusebox-server" --backend=cuda ${configs[i]}
+      done
+    done ;;
+  *) echo "usage: ab_servers.sh builds|backends|flags [FLAGS...]"; exit 2 ;;
 esac
 rm -rf "$log"
 exit $status
