@@ -108,6 +108,10 @@ void* DevicePtr(void* host) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // With lazy module loading (CUDA 12+'s default) the first launch of a kernel may wait for the
+  // context to go idle, which it never does while the mailbox kernel runs: the first run of
+  // this probe hung there for 10 minutes. Everything is loaded up front instead.
+  setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   const int calls = argc > 1 ? std::atoi(argv[1]) : 5000;
   const int pause_us = argc > 2 ? std::atoi(argv[2]) : 100;
   const int n = argc > 3 ? std::atoi(argv[3]) : 1024;
@@ -133,6 +137,8 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
+  GeluKernel<<<1, 32, 0, s>>>(static_cast<const float*>(nullptr), nullptr, 0);  // loaded before
+  CHECK_CUDA(cudaStreamSynchronize(s));
   MailboxKernel<<<1, 256, 0, ms>>>(static_cast<Box*>(DevicePtr(box)),
                                    static_cast<const float*>(DevicePtr(box_in)),
                                    static_cast<float*>(DevicePtr(box_out)));
