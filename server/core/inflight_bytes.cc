@@ -34,7 +34,9 @@ InflightBytes::InflightBytes(int64_t limit, int64_t sending_limit, int64_t tenan
 
 InflightBytes::~InflightBytes() = default;
 
-std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string& tenant) {
+absl::StatusOr<std::shared_ptr<void>> InflightBytes::Reserve(int64_t bytes,
+                                                             const std::string& tenant,
+                                                             absl::string_view what) {
   Counter& c = *counter_;
   if (bytes <= 0) return std::shared_ptr<void>(&c, [keep = counter_](void*) {});
   {
@@ -47,7 +49,10 @@ std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string
                       (c.sending <= sending_limit_ || c.replies <= 1) &&
                       (mine.working == 0 || bytes <= tenant_limit_ - mine.working) &&
                       (mine.sending <= tenant_sending_limit_ || mine.replies <= 1);
-    if (!fits) return nullptr;
+    // The reason is read under the same lock as the decision: read later, replies taken in
+    // between could make it name a limit that no longer binds (seen under ASan: "holds 0").
+    if (!fits) return RefusalLocked(c.working, c.sending, c.replies, mine.working, mine.sending,
+                                    mine.replies, bytes, what);
     c.working += bytes;
     c.by_tenant[tenant].working += bytes;
   }
@@ -58,6 +63,11 @@ std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string
     it->second.working -= bytes;
     keep->Drop(it);
   });
+}
+
+std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string& tenant) {
+  absl::StatusOr<std::shared_ptr<void>> r = Reserve(bytes, tenant, "call");
+  return r.ok() ? *std::move(r) : nullptr;
 }
 
 std::shared_ptr<void> InflightBytes::Sending(int64_t bytes, const std::string& tenant) {
@@ -81,34 +91,32 @@ std::shared_ptr<void> InflightBytes::Sending(int64_t bytes, const std::string& t
   });
 }
 
-absl::Status InflightBytes::Refusal(int64_t bytes, const std::string& tenant,
-                                    absl::string_view what) const {
-  std::lock_guard<std::mutex> lock(counter_->mu);
-  const Counter& c = *counter_;
-  if (c.sending > sending_limit_ && c.replies > 1) {
+absl::Status InflightBytes::RefusalLocked(int64_t working, int64_t sending, int64_t replies,
+                                          int64_t my_working, int64_t my_sending,
+                                          int64_t my_replies, int64_t bytes,
+                                          absl::string_view what) const {
+  if (sending > sending_limit_ && replies > 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "replies their clients have not taken yet hold ", c.sending, " bytes, past the ",
+        "replies their clients have not taken yet hold ", sending, " bytes, past the ",
         sending_limit_,
         " the server keeps for them (--inflight_mib, at least twice --max_message_bytes); this ",
         what, " needs ", bytes, "; retry later"));
   }
-  const auto it = c.by_tenant.find(tenant);
-  const Counter::Held mine = it == c.by_tenant.end() ? Counter::Held{} : it->second;
-  if (mine.sending > tenant_sending_limit_ && mine.replies > 1) {
+  if (my_sending > tenant_sending_limit_ && my_replies > 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "your replies not taken yet hold ", mine.sending, " bytes, past your share of ",
+        "your replies not taken yet hold ", my_sending, " bytes, past your share of ",
         tenant_sending_limit_, " of the ", sending_limit_,
         " the server keeps for them (--tenant_inflight_share); take them, or retry once their "
         "calls have ended"));
   }
-  if (tenant_limit_ < limit_ && mine.working > 0 && bytes > tenant_limit_ - mine.working) {
+  if (tenant_limit_ < limit_ && my_working > 0 && bytes > tenant_limit_ - my_working) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "you hold ", mine.working, " bytes for calls in flight, and this ", what, " needs ",
+        "you hold ", my_working, " bytes for calls in flight, and this ", what, " needs ",
         bytes, " more (your share is ", tenant_limit_, " of the server's ", limit_,
         ", --tenant_inflight_share); retry once your calls in flight have ended"));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the server holds ", c.working, " bytes for calls in flight, and this ", what, " needs ",
+      "the server holds ", working, " bytes for calls in flight, and this ", what, " needs ",
       bytes, " more (limit ", limit_, ", --inflight_mib); retry later"));
 }
 

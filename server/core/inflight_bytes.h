@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace fusebox {
@@ -37,14 +38,15 @@ class InflightBytes {
   InflightBytes(int64_t limit, int64_t sending_limit = 0, int64_t tenant_limit = 0);
   ~InflightBytes();
   // Reserves `bytes` for `tenant`'s call or transfer under way; the reservation lasts as long
-  // as the returned token (null: refused, nothing reserved).
+  // as the returned token. Refused: RESOURCE_EXHAUSTED naming the limit that binds and its
+  // flag (`what` names the call: "call", "upload", ...), nothing reserved.
+  absl::StatusOr<std::shared_ptr<void>> Reserve(int64_t bytes, const std::string& tenant,
+                                                absl::string_view what);
+  // The same without the reason (null: refused).
   std::shared_ptr<void> TryReserve(int64_t bytes, const std::string& tenant = "");
   // Counts `bytes` of `tenant`'s reply handed to gRPC, as long as the returned token; never
   // refused (the bytes exist already).
   std::shared_ptr<void> Sending(int64_t bytes, const std::string& tenant = "");
-  // Why TryReserve(bytes, tenant) was refused: RESOURCE_EXHAUSTED naming the limit that binds
-  // and its flag; `what` names the call ("call", "upload", ...).
-  absl::Status Refusal(int64_t bytes, const std::string& tenant, absl::string_view what) const;
   int64_t limit() const { return limit_; }
   int64_t tenant_limit() const { return tenant_limit_; }
   int64_t used() const;  // under way and on the way out
@@ -52,6 +54,10 @@ class InflightBytes {
 
  private:
   struct Counter;
+  // Why a reservation of `bytes` was refused, from the counters read with the decision.
+  absl::Status RefusalLocked(int64_t working, int64_t sending, int64_t replies,
+                             int64_t my_working, int64_t my_sending, int64_t my_replies,
+                             int64_t bytes, absl::string_view what) const;
   const int64_t limit_, sending_limit_, tenant_limit_;
   const int64_t tenant_sending_limit_;  // the tenant's share of sending_limit_
   const std::shared_ptr<Counter> counter_;  // outlives this while tokens do

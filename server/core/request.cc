@@ -145,8 +145,9 @@ absl::Status SharedOutput(DType dtype, const std::vector<int64_t>& shape, int64_
     }
   }
   if (ctx.inflight != nullptr && p->bytes_in > 0) {  // only the request's inline inputs
-    p->inflight = ctx.inflight->TryReserve(p->bytes_in, ctx.tenant);
-    if (p->inflight == nullptr) return ctx.inflight->Refusal(p->bytes_in, ctx.tenant, "call");
+    auto token = ctx.inflight->Reserve(p->bytes_in, ctx.tenant, "call");
+    if (!token.ok()) return token.status();
+    p->inflight = *std::move(token);
   }
   p->call.output = *span;
   p->call.output_bytes = static_cast<size_t>(bytes);
@@ -201,8 +202,9 @@ absl::Status ShapeOutput(DType dtype, const std::vector<int64_t>& shape, int64_t
     // serializes its own copy of the reply, once where the reply is sent from it in place.
     const int64_t copies = !on_host ? 0 : (!keep && bytes >= kSentInPlaceBytes ? 1 : 2);
     const int64_t held = p->bytes_in + copies * bytes;
-    p->inflight = ctx.inflight->TryReserve(held, ctx.tenant);
-    if (p->inflight == nullptr) return ctx.inflight->Refusal(held, ctx.tenant, "call");
+    auto token = ctx.inflight->Reserve(held, ctx.tenant, "call");
+    if (!token.ok()) return token.status();
+    p->inflight = *std::move(token);
   }
   if (keep) {
     auto t = ctx.store->Create(ctx.tenant, dtype, shape);

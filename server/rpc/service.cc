@@ -83,10 +83,9 @@ int64_t KernelServiceImpl::PendingUploadCount() const {
 absl::StatusOr<std::shared_ptr<void>> KernelServiceImpl::ReserveTransfer(
     const std::string& tenant, int64_t bytes, const char* what, const char* advice) const {
   if (inflight_ == nullptr) return std::shared_ptr<void>();
-  std::shared_ptr<void> token = inflight_->TryReserve(bytes, tenant);
-  if (token == nullptr) {
-    const absl::Status refused = inflight_->Refusal(bytes, tenant, what);
-    return absl::ResourceExhaustedError(absl::StrCat(refused.message(), advice));
+  absl::StatusOr<std::shared_ptr<void>> token = inflight_->Reserve(bytes, tenant, what);
+  if (!token.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(token.status().message(), advice));
   }
   return token;
 }

@@ -292,7 +292,7 @@ TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
   auto a = f.TryReserve(30, "a");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(f.TryReserve(20, "a"), nullptr);  // 50 > its 40
-  const absl::Status why = f.Refusal(20, "a", "call");
+  const absl::Status why = f.Reserve(20, "a", "call").status();
   EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(why.message()).find("--tenant_inflight_share"), std::string::npos) << why;
   auto b = f.TryReserve(40, "b");  // another tenant's share is its own
@@ -300,7 +300,7 @@ TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
   EXPECT_NE(f.TryReserve(10, "a"), nullptr);  // up to its share
   auto c = f.TryReserve(90, "c");  // holding nothing: one call of any size the server has room for
   EXPECT_EQ(c, nullptr);
-  EXPECT_NE(std::string(f.Refusal(90, "c", "call").message()).find("--inflight_mib"),
+  EXPECT_NE(std::string(f.Reserve(90, "c", "call").status().message()).find("--inflight_mib"),
             std::string::npos);
   auto nothing = f.TryReserve(0, "a");  // outlives the tenant's other reservations
   a.reset();
@@ -319,11 +319,11 @@ TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
   auto alone = f.TryReserve(90);
   ASSERT_NE(alone, nullptr);
   EXPECT_EQ(f.TryReserve(20), nullptr);  // beside it, past the limit
-  EXPECT_NE(std::string(f.Refusal(20, "", "call").message()).find("calls in flight"), std::string::npos);
+  EXPECT_NE(std::string(f.Reserve(20, "", "call").status().message()).find("calls in flight"), std::string::npos);
   alone.reset();
   auto more = f.Sending(100);            // two replies, past their budget together
   EXPECT_EQ(f.TryReserve(10), nullptr);  // nothing gets in
-  EXPECT_NE(std::string(f.Refusal(10, "", "call").message()).find("have not taken yet"), std::string::npos);
+  EXPECT_NE(std::string(f.Reserve(10, "", "call").status().message()).find("have not taken yet"), std::string::npos);
   EXPECT_NE(f.TryReserve(0), nullptr);
   replies.reset();
   EXPECT_NE(f.TryReserve(10), nullptr);
@@ -344,7 +344,7 @@ TEST(InflightBytes, ATenantsUntakenRepliesKeepOnlyItsOwnCallsOut) {
   EXPECT_NE(f.TryReserve(40, "a"), nullptr);  // one reply: its next call still fits
   auto r2 = f.Sending(20, "a");
   EXPECT_EQ(f.TryReserve(1, "a"), nullptr);
-  const absl::Status why = f.Refusal(1, "a", "call");
+  const absl::Status why = f.Reserve(1, "a", "call").status();
   EXPECT_NE(std::string(why.message()).find("replies not taken"), std::string::npos) << why;
   EXPECT_NE(f.TryReserve(40, "b"), nullptr);
   EXPECT_EQ(f.used_by("a"), 70);
