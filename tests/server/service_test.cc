@@ -667,6 +667,12 @@ TEST_F(ServiceTest, AnUploadStalledAfterItsHeaderIsCancelledAndItsBudgetReturned
   header.add_shape(200000);
   header.set_data(std::string(4000, 'x'));
   ASSERT_TRUE(stalled->Write(header));
+  // The header's reservation first (Write returns once the bytes are queued, not read): else
+  // the other upload may take the budget first, and the stalled one is refused instead.
+  for (int i = 0; i < 500 && List().used_bytes() < 800000; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(List().used_bytes(), 800000) << "the server never reserved the header's budget";
   std::string h;
   grpc::Status other;
   int refused = 0;
