@@ -742,6 +742,13 @@ std::string ReplicaOf(const std::string& handle) {
   return dot == std::string::npos ? std::string() : handle.substr(0, dot);
 }
 
+void Client::PrepareTransfer(grpc::ClientContext* ctx, const grpc::Channel* channel) const {
+  // A connection opened for this transfer that fails its first connect (seen under load in
+  // CI: one of 8 fresh connections refused) retries until the call's deadline instead of
+  // failing the whole transfer; the server was reached on the client's own channel already.
+  if (channel != channel_.get()) ctx->set_wait_for_ready(true);
+}
+
 void Client::Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
                      const std::string& handle) const {
   ctx->set_deadline(std::chrono::system_clock::now() +
@@ -959,6 +966,7 @@ absl::StatusOr<TensorInfo> Client::UploadRanged(const HostTensor& tensor, int co
     if (r >= fan.ranges || fan.error.failed()) return;
     grpc::ClientContext ctx;
     Prepare(&ctx, timeout, id);
+    PrepareTransfer(&ctx, channel);
     grpc::ByteBuffer resp;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel, kWrite, &ctx,
@@ -1077,6 +1085,7 @@ absl::Status Client::DownloadRangesInto(const std::string& handle, char* dst, in
       const int64_t begin = r * range, len = std::min(range, size - begin);
       grpc::ClientContext ctx;
       Prepare(&ctx, timeout, handle);
+      PrepareTransfer(&ctx, channel);
       pb::DownloadRequest req;
       req.set_handle(handle);
       req.set_offset(begin);

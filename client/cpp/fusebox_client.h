@@ -392,6 +392,9 @@ class Client {
   // The deadline, the token, and for a call naming `handle` its replica's header.
   void Prepare(grpc::ClientContext* ctx, std::chrono::milliseconds timeout,
                const std::string& handle = {}) const;
+  // What a ranged transfer's call on `channel` adds: on a connection opened for transfers,
+  // waiting for it to connect (within the deadline).
+  void PrepareTransfer(grpc::ClientContext* ctx, const grpc::Channel* channel) const;
   absl::Status UnaryCall(const std::string& method, const grpc::ByteBuffer& request,
                          grpc::ByteBuffer* response, std::chrono::milliseconds timeout,
                          const std::string& handle = {});

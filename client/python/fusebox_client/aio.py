@@ -486,7 +486,7 @@ class AsyncClient:
                 return
             try:
                 await write(write_messages(uid, w, ranges, meter, first), timeout=timeout,
-                            metadata=md)
+                            metadata=md, wait_for_ready=channel is not self.channel)
             except BaseException:
                 ranges.stop()  # the other streams end at their next range
                 raise
@@ -527,7 +527,8 @@ class AsyncClient:
                     async for msg in download(
                             pb.DownloadRequest(handle=info.handle, offset=r[0],
                                                length=r[1] - r[0], chunk_bytes=chunk_bytes),
-                            timeout=timeout, metadata=md):
+                            timeout=timeout, metadata=md,
+                            wait_for_ready=channel is not self.channel):
                         offset = asm.write(offset, r[1], msg)
                     asm.check_end(offset, r[1])
             except BaseException:

@@ -551,7 +551,7 @@ class Client:
                 return
             try:
                 write(write_messages(uid, w, ranges, meter, first), timeout=timeout,
-                      metadata=md)
+                      metadata=md, wait_for_ready=channel is not self.channel)
             except BaseException:
                 ranges.stop()  # the other streams end at their next range
                 raise
@@ -575,7 +575,9 @@ class Client:
 
     def _download_ranged(self, info: pb.TensorInfo, progress: Progress, timeout: float,
                          chunk_bytes: int) -> RangedAssembly:
-        """One ranged Download at a time per connection, each written into place."""
+        """One ranged Download at a time per connection, each written into place. As for
+        uploads, a call on a connection opened for transfers waits for it to connect (within
+        its deadline): one fresh connection failing its first attempt does not fail it all."""
         asm = RangedAssembly(info, progress, "download")
         ranges = RangeQueue(int(info.size_bytes), self.range_bytes)
         channels = self._channels(max(1, min(self.connections, ranges.count())))
@@ -593,7 +595,8 @@ class Client:
                     asm.put(r[0], r[1], download(
                         pb.DownloadRequest(handle=info.handle, offset=r[0], length=r[1] - r[0],
                                            chunk_bytes=chunk_bytes),
-                        timeout=timeout, metadata=md))
+                        timeout=timeout, metadata=md,
+                        wait_for_ready=channel is not self.channel))
             except BaseException:
                 ranges.stop()
                 raise
