@@ -1334,3 +1334,22 @@ def test_the_async_client_takes_the_native_transport_too(server):
     with Client(server.address, timeout=30, native=False) as g:
         soft, rows = asyncio.run(run())
         assert np.array_equal(soft, g.softmax(x)) and np.array_equal(rows, g.rowsum(x))
+
+
+def test_a_native_library_that_cannot_load_is_warned_about_and_grpcio_used(tmp_path):
+    import fusebox_client
+    pkg = Path(fusebox_client.__file__).resolve().parent
+    copy = tmp_path / "fusebox_client"
+    subprocess.run(["cp", "-r", str(pkg), str(copy)], check=True)
+    (copy / "libfusebox_native.so").write_bytes(b"not a library")  # a build copied without its libs
+    code = ("import warnings, fusebox_client as f\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    c = f.Client('localhost:1')\n"
+            "print(c._native is None, any('op calls use grpcio' in str(x.message) for x in w))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] +
+                                                      os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    env.pop("FUSEBOX_NATIVE_LIB", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True"], out.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
@@ -36,7 +37,9 @@ _tried = False
 
 def library() -> Optional[ctypes.CDLL]:
     """The loaded library, or None when it is off or not there (then grpcio carries every
-    call). A library that is named but cannot be loaded is an error, not a silent fallback."""
+    call). A library named by $FUSEBOX_NATIVE_LIB that cannot be loaded is an error; the one
+    next to this module that cannot (its gRPC libraries missing: a copied build tree) is
+    warned about once, and grpcio is used."""
     global _lib, _tried
     with _lock:
         if _tried:
@@ -48,7 +51,14 @@ def library() -> Optional[ctypes.CDLL]:
         path = Path(named) if named else Path(__file__).resolve().parent / LIBRARY
         if not named and not path.is_file():
             return None
-        lib = ctypes.CDLL(str(path))
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            if named:
+                raise
+            warnings.warn(f"fusebox_client: {path} cannot be loaded ({e}); op calls use grpcio",
+                          RuntimeWarning, stacklevel=3)
+            return None
         vp, sz, cp = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
         lib.fbx_open.restype = vp
         lib.fbx_open.argtypes = [cp, cp, cp, sz, cp, sz, cp, sz, cp, ctypes.c_int, ctypes.c_int,
@@ -165,8 +175,9 @@ def open_native(native: Optional[bool], s: "Settings", server_name: Optional[str
     lib = library()
     if lib is None:
         if native:
-            raise ValueError("native=True, but libfusebox_native is not here (a CMake build puts "
-                             "it next to fusebox_client; $FUSEBOX_NATIVE_LIB names it)")
+            raise ValueError("native=True, but libfusebox_native is not here or cannot be loaded "
+                             "(a CMake build puts it next to fusebox_client; "
+                             "$FUSEBOX_NATIVE_LIB names it)")
         return None
     return NativeChannel(lib, s.target, s.token, s.tls, s.root_certificates,
                          s.certificate_chain, s.private_key, server_name, max_message_bytes)
@@ -184,6 +195,6 @@ def native_op(ch: NativeChannel, req: Request, timeout: float) -> OpReply:
     handle = next((h for h in req.handles if replica_of(h)), None)
     raw = ch.call(SERVICE + req.method, req.body.parts, handle, timeout)
     r = parse_op_response(raw.data)
-    if r.kind == "tensor":
-        r.data = np.frombuffer(r.data, dtype=np.uint8)  # type: ignore[assignment]  # decode takes it
+    if r.kind == "tensor":  # a uint8 array: decode() uses it in place
+        r.data = np.frombuffer(r.data, dtype=np.uint8)  # type: ignore[assignment]
     return r
