@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -97,6 +98,21 @@ pb::OutputOptions OutputOptionsOf(const CallOptions& opts) {
 
 // Request fields: input = 1 (or a = 1, b = 2, bias = 3), allow_tf32 = 4,
 // impl = 5, output_options = 15. A field's bytes: TensorRef { tensor = 1 | handle = 2 }.
+// An inline input's bytes, from a HostTensor or a TensorView; none for a handle or shared ref.
+struct InlineBytes {
+  DType dtype;
+  const std::vector<int64_t>* shape;
+  const void* data;
+  size_t size;
+};
+std::optional<InlineBytes> InlineOf(const Arg& a) {
+  if (const HostTensor* t = a.tensor()) {
+    return InlineBytes{t->dtype, &t->shape, t->data.data(), t->data.size()};
+  }
+  if (const TensorView* v = a.view()) return InlineBytes{v->dtype, &v->shape, v->data, v->bytes};
+  return std::nullopt;
+}
+
 grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallOptions& opts,
                         SliceRefs* refs) {
   std::vector<grpc::Slice> slices;
@@ -111,7 +127,8 @@ grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallO
       head += bytes;
       continue;
     }
-    if (inputs[i].tensor() == nullptr) {
+    const std::optional<InlineBytes> t = InlineOf(inputs[i]);
+    if (!t) {
       const std::string& h = inputs[i].handle();
       PutVarint(&head, 1 + VarintSize(h.size()) + h.size());
       head.push_back(0x12);  // TensorRef.handle
@@ -119,33 +136,32 @@ grpc::ByteBuffer Encode(bool matmul, const std::vector<Arg>& inputs, const CallO
       head += h;
       continue;
     }
-    const HostTensor& t = *inputs[i].tensor();
     std::string hdr;  // Tensor fields before the payload
-    if (static_cast<int>(t.dtype) != 0) {
+    if (static_cast<int>(t->dtype) != 0) {
       hdr.push_back(0x08);
-      PutVarint(&hdr, static_cast<uint64_t>(static_cast<int64_t>(t.dtype)));
+      PutVarint(&hdr, static_cast<uint64_t>(static_cast<int64_t>(t->dtype)));
     }
-    if (!t.shape.empty()) {
+    if (!t->shape->empty()) {
       std::string packed;
-      for (int64_t d : t.shape) PutVarint(&packed, static_cast<uint64_t>(d));
+      for (int64_t d : *t->shape) PutVarint(&packed, static_cast<uint64_t>(d));
       hdr.push_back(0x12);
       PutVarint(&hdr, packed.size());
       hdr += packed;
     }
-    if (!t.data.empty()) {
+    if (t->size > 0) {
       hdr.push_back(0x1a);
-      PutVarint(&hdr, t.data.size());
+      PutVarint(&hdr, t->size);
     }
-    const uint64_t tensor_len = hdr.size() + t.data.size();
+    const uint64_t tensor_len = hdr.size() + t->size;
     PutVarint(&head, 1 + VarintSize(tensor_len) + tensor_len);
     head.push_back(0x0a);  // TensorRef.tensor
     PutVarint(&head, tensor_len);
     head += hdr;
-    if (!t.data.empty()) {
+    if (t->size > 0) {
       slices.emplace_back(head);
       head.clear();
-      slices.push_back(refs ? refs->Wrap(t.data)
-                            : grpc::Slice(t.data.data(), t.data.size(), grpc::Slice::STATIC_SLICE));
+      slices.push_back(refs ? refs->Wrap(t->data, t->size)
+                            : grpc::Slice(t->data, t->size, grpc::Slice::STATIC_SLICE));
     }
   }
   if (matmul && opts.allow_tf32) head += std::string("\x20\x01", 2);
@@ -168,15 +184,15 @@ void FillRef(const Arg& arg, pb::TensorRef* ref) {
     FillShared(*arg.shared(), ref->mutable_shared());
     return;
   }
-  if (arg.tensor() == nullptr) {
+  const std::optional<InlineBytes> t = InlineOf(arg);
+  if (!t) {
     ref->set_handle(arg.handle());
     return;
   }
-  const HostTensor& t = *arg.tensor();
   pb::Tensor* out = ref->mutable_tensor();
-  out->set_dtype(static_cast<pb::DType>(static_cast<int>(t.dtype)));
-  for (int64_t d : t.shape) out->add_shape(d);
-  out->set_data(t.data);
+  out->set_dtype(static_cast<pb::DType>(static_cast<int>(t->dtype)));
+  for (int64_t d : *t->shape) out->add_shape(d);
+  out->set_data(static_cast<const char*>(t->data), t->size);
 }
 
 template <typename Req>

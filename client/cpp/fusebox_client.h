@@ -1,5 +1,6 @@
 // fusebox C++ client: a thin synchronous wrapper around fusebox.v1.KernelService.
-// Tensors go in and out as HostTensor (dtype, shape, little-endian bytes); every
+// Tensors go in as HostTensor (dtype, shape, little-endian bytes) or TensorView (the
+// same over the caller's own memory) and come out as HostTensor; every
 // op returns the output plus the server's Timing and the client-side round trip.
 // Errors come back as absl::Status with the gRPC code and the server's message.
 //
@@ -80,12 +81,22 @@ struct SharedRef {
   std::vector<int64_t> shape;
 };
 
-// An op input: a tensor sent inline (implicitly, from a HostTensor, which must
-// outlive the call), a handle to a tensor the server holds (see Upload), or a
-// tensor in a registered shared-memory region.
+// A tensor in the caller's own memory (row-major, little-endian, `bytes` = product(shape) *
+// ElementSize(dtype)), sent inline from there: no copy into a HostTensor first.
+struct TensorView {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// An op input: a tensor sent inline (implicitly, from a HostTensor or a TensorView, which
+// must outlive the call), a handle to a tensor the server holds (see Upload), or a tensor in
+// a registered shared-memory region.
 class Arg {
  public:
   Arg(const HostTensor& t) : tensor_(&t) {}  // NOLINT(google-explicit-constructor)
+  Arg(const TensorView& v) : view_(&v) {}    // NOLINT(google-explicit-constructor)
   static Arg Handle(std::string id) {
     Arg a;
     a.handle_ = std::move(id);
@@ -97,12 +108,14 @@ class Arg {
     return a;
   }
   const HostTensor* tensor() const { return tensor_; }
+  const TensorView* view() const { return view_; }
   const std::string& handle() const { return handle_; }
   const SharedRef* shared() const { return shared_.get(); }
 
  private:
   Arg() = default;
   const HostTensor* tensor_ = nullptr;
+  const TensorView* view_ = nullptr;
   std::string handle_;
   std::shared_ptr<const SharedRef> shared_;
 };

@@ -282,6 +282,20 @@ TEST_F(IntegrationTest, AnEncodedRequestInPiecesGetsTheReplyAnOrdinaryCallGets) 
   ExpectStillServing();
 }
 
+TEST_F(IntegrationTest, AViewOfTheCallersMemoryGetsTheAnswerItsTensorGets) {
+  HostTensor in = Random(DType::kBFloat16, {5, 3001}, FreshSeed());
+  const client::TensorView v{in.dtype, in.shape, in.data.data(), in.data.size()};
+  auto want = client_->RowSum(in);
+  auto got = client_->RowSum(v);
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->output.shape, want->output.shape);
+  EXPECT_EQ(got->output.data, want->output.data);
+  // A view whose bytes do not match its shape is the server's INVALID_ARGUMENT, as for a tensor.
+  const client::TensorView short_view{in.dtype, in.shape, in.data.data(), in.data.size() - 2};
+  ExpectInvalid(client_->Gelu(short_view), "a view two bytes short");
+}
+
 TEST_F(IntegrationTest, ConcurrentCallersAllGetTheirOwnAnswers) {
   constexpr int kThreads = 8, kCalls = 20;
   std::vector<std::thread> threads;

@@ -2,6 +2,8 @@
 // protobuf byte for byte, and .npy files parse / serialize / convert as documented.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -40,6 +42,31 @@ TEST(RequestEncoderTest, UnaryRequestMatchesProtobufBytes) {
     EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
     EXPECT_EQ(Flatten(EncodeRequestForTest(false, {t}, {})), want.SerializeAsString());
   }
+}
+
+TEST(RequestEncoderTest, AViewOfTheCallersMemoryEncodesAsTheSameTensorWould) {
+  // A TensorView sends the caller's bytes where they are: the same message as a HostTensor,
+  // whose payload slice points into the caller's memory.
+  for (HostTensor t : {HostTensor::FromFloats(DType::kFloat16, {3, 7}, std::vector<float>(21, 1.5f)),
+                       HostTensor{DType::kFloat32, {0, 4}, ""},
+                       HostTensor{static_cast<DType>(0), {-3, 1 << 20}, std::string(300, 'y')}}) {
+    const TensorView v{t.dtype, t.shape, t.data.data(), t.data.size()};
+    EXPECT_EQ(Flatten(EncodeRequestForTest(false, {v}, {})),
+              Flatten(EncodeRequestForTest(false, {t}, {})));
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(EncodeRequestForTest(false, {v}, {}).Dump(&slices).ok());
+    const bool points_in = std::any_of(slices.begin(), slices.end(), [&](const grpc::Slice& s) {
+      return s.size() == t.data.size() && s.begin() == reinterpret_cast<const uint8_t*>(t.data.data());
+    });
+    EXPECT_EQ(points_in, !t.data.empty());
+  }
+  HostTensor b = HostTensor::FromFloats(DType::kFloat32, {2, 1}, {5, 6});
+  const TensorView a{DType::kFloat32, {1, 2}, b.data.data(), b.data.size()};
+  CallOptions opts;
+  opts.keep_on_server = true;
+  const HostTensor a_copy{DType::kFloat32, {1, 2}, b.data};
+  EXPECT_EQ(Flatten(EncodeRequestForTest(true, {a, b}, opts)),
+            Flatten(EncodeRequestForTest(true, {a_copy, b}, opts)));
 }
 
 TEST(RequestEncoderTest, MatmulRequestMatchesProtobufBytes) {
