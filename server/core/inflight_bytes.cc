@@ -65,11 +65,6 @@ absl::StatusOr<std::shared_ptr<void>> InflightBytes::Reserve(int64_t bytes,
   });
 }
 
-std::shared_ptr<void> InflightBytes::TryReserve(int64_t bytes, const std::string& tenant) {
-  absl::StatusOr<std::shared_ptr<void>> r = Reserve(bytes, tenant, "call");
-  return r.ok() ? *std::move(r) : nullptr;
-}
-
 std::shared_ptr<void> InflightBytes::Sending(int64_t bytes, const std::string& tenant) {
   Counter& c = *counter_;
   {

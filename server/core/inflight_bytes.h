@@ -42,8 +42,6 @@ class InflightBytes {
   // flag (`what` names the call: "call", "upload", ...), nothing reserved.
   absl::StatusOr<std::shared_ptr<void>> Reserve(int64_t bytes, const std::string& tenant,
                                                 absl::string_view what);
-  // The same without the reason (null: refused).
-  std::shared_ptr<void> TryReserve(int64_t bytes, const std::string& tenant = "");
   // Counts `bytes` of `tenant`'s reply handed to gRPC, as long as the returned token; never
   // refused (the bytes exist already).
   std::shared_ptr<void> Sending(int64_t bytes, const std::string& tenant = "");

@@ -270,45 +270,51 @@ TEST(Request, RankOverTheLimitIsInvalidWhereverTheTensorComesFrom) {
   EXPECT_LT(s.status().message().size(), 100u);
 }
 
+// A reservation's token, or null when refused (the reason: Reserve(...).status()).
+std::shared_ptr<void> Try(InflightBytes& f, int64_t bytes, const std::string& tenant = "") {
+  absl::StatusOr<std::shared_ptr<void>> r = f.Reserve(bytes, tenant, "call");
+  return r.ok() ? *std::move(r) : nullptr;
+}
+
 TEST(InflightBytes, ACallAloneAlwaysFitsAndOneThatHoldsNothingAlwaysDoes) {
   InflightBytes f(100, 100);
-  auto big = f.TryReserve(500);  // alone: let in past the limit
+  auto big = Try(f, 500);  // alone: let in past the limit
   ASSERT_NE(big, nullptr);
   EXPECT_EQ(f.used(), 500);
-  EXPECT_EQ(f.TryReserve(1), nullptr);
-  EXPECT_NE(f.TryReserve(0), nullptr);  // all by handle, output kept: holds nothing here
+  EXPECT_EQ(Try(f, 1), nullptr);
+  EXPECT_NE(Try(f, 0), nullptr);  // all by handle, output kept: holds nothing here
   big.reset();
   EXPECT_EQ(f.used(), 0);
-  auto a = f.TryReserve(60);
-  auto b = f.TryReserve(40);
+  auto a = Try(f, 60);
+  auto b = Try(f, 40);
   EXPECT_NE(b, nullptr);
-  EXPECT_EQ(f.TryReserve(1), nullptr);
+  EXPECT_EQ(Try(f, 1), nullptr);
   a.reset();
-  EXPECT_NE(f.TryReserve(60), nullptr);
+  EXPECT_NE(Try(f, 60), nullptr);
 }
 
 TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
   InflightBytes f(100, 0, 40);
-  auto a = f.TryReserve(30, "a");
+  auto a = Try(f, 30, "a");
   ASSERT_NE(a, nullptr);
-  EXPECT_EQ(f.TryReserve(20, "a"), nullptr);  // 50 > its 40
+  EXPECT_EQ(Try(f, 20, "a"), nullptr);  // 50 > its 40
   const absl::Status why = f.Reserve(20, "a", "call").status();
   EXPECT_EQ(why.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(std::string(why.message()).find("--tenant_inflight_share"), std::string::npos) << why;
-  auto b = f.TryReserve(40, "b");  // another tenant's share is its own
+  auto b = Try(f, 40, "b");  // another tenant's share is its own
   EXPECT_NE(b, nullptr);
-  EXPECT_NE(f.TryReserve(10, "a"), nullptr);  // up to its share
-  auto c = f.TryReserve(90, "c");  // holding nothing: one call of any size the server has room for
+  EXPECT_NE(Try(f, 10, "a"), nullptr);  // up to its share
+  auto c = Try(f, 90, "c");  // holding nothing: one call of any size the server has room for
   EXPECT_EQ(c, nullptr);
   EXPECT_NE(std::string(f.Reserve(90, "c", "call").status().message()).find("--inflight_mib"),
             std::string::npos);
-  auto nothing = f.TryReserve(0, "a");  // outlives the tenant's other reservations
+  auto nothing = Try(f, 0, "a");  // outlives the tenant's other reservations
   a.reset();
   b.reset();
   nothing.reset();
   EXPECT_EQ(f.used(), 0);
   EXPECT_EQ(f.used_by("a"), 0);
-  EXPECT_NE(f.TryReserve(90, "c"), nullptr);  // alone: past its share
+  EXPECT_NE(Try(f, 90, "c"), nullptr);  // alone: past its share
 }
 
 // Replies handed to gRPC have a budget of their own: a call is kept out by them only once
@@ -316,21 +322,21 @@ TEST(InflightBytes, ATenantPastItsShareIsRefusedWhileOthersAreLetIn) {
 TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
   InflightBytes f(100, 300);
   auto replies = f.Sending(250);  // replies their clients may have taken already
-  auto alone = f.TryReserve(90);
+  auto alone = Try(f, 90);
   ASSERT_NE(alone, nullptr);
-  EXPECT_EQ(f.TryReserve(20), nullptr);  // beside it, past the limit
+  EXPECT_EQ(Try(f, 20), nullptr);  // beside it, past the limit
   EXPECT_NE(std::string(f.Reserve(20, "", "call").status().message()).find("calls in flight"), std::string::npos);
   alone.reset();
   auto more = f.Sending(100);            // two replies, past their budget together
-  EXPECT_EQ(f.TryReserve(10), nullptr);  // nothing gets in
+  EXPECT_EQ(Try(f, 10), nullptr);  // nothing gets in
   EXPECT_NE(std::string(f.Reserve(10, "", "call").status().message()).find("have not taken yet"), std::string::npos);
-  EXPECT_NE(f.TryReserve(0), nullptr);
+  EXPECT_NE(Try(f, 0), nullptr);
   replies.reset();
-  EXPECT_NE(f.TryReserve(10), nullptr);
+  EXPECT_NE(Try(f, 10), nullptr);
   auto big = f.Sending(1000);
-  EXPECT_EQ(f.TryReserve(10), nullptr);
+  EXPECT_EQ(Try(f, 10), nullptr);
   more.reset();                          // a reply alone may be larger than the budget
-  EXPECT_NE(f.TryReserve(10), nullptr);
+  EXPECT_NE(Try(f, 10), nullptr);
   EXPECT_EQ(f.used(), 1000);
   big.reset();
   EXPECT_EQ(f.used(), 0);
@@ -341,15 +347,15 @@ TEST(InflightBytes, RepliesOnTheirWayKeepCallsOutOnlyPastTheirOwnBudget) {
 TEST(InflightBytes, ATenantsUntakenRepliesKeepOnlyItsOwnCallsOut) {
   InflightBytes f(100, 150, 40);  // a tenant's share of the replies' budget: 60
   auto r1 = f.Sending(50, "a");
-  EXPECT_NE(f.TryReserve(40, "a"), nullptr);  // one reply: its next call still fits
+  EXPECT_NE(Try(f, 40, "a"), nullptr);  // one reply: its next call still fits
   auto r2 = f.Sending(20, "a");
-  EXPECT_EQ(f.TryReserve(1, "a"), nullptr);
+  EXPECT_EQ(Try(f, 1, "a"), nullptr);
   const absl::Status why = f.Reserve(1, "a", "call").status();
   EXPECT_NE(std::string(why.message()).find("replies not taken"), std::string::npos) << why;
-  EXPECT_NE(f.TryReserve(40, "b"), nullptr);
+  EXPECT_NE(Try(f, 40, "b"), nullptr);
   EXPECT_EQ(f.used_by("a"), 70);
   r1.reset();
-  EXPECT_NE(f.TryReserve(40, "a"), nullptr);
+  EXPECT_NE(Try(f, 40, "a"), nullptr);
   r2.reset();
   EXPECT_EQ(f.used(), 0);
   EXPECT_EQ(f.used_by("a"), 0);
