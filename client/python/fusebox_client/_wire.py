@@ -195,29 +195,21 @@ def tensor_data_offset(prefix: Buf) -> Optional[int]:
     the offset of the data field's first byte, or None (no inline tensor, no data, or a
     header longer than ``prefix``). Lets a receiver place the data at an aligned address."""
     buf = memoryview(prefix)
-    end = len(buf)
 
-    def fields(i: int, want: int) -> Optional[int]:
-        """The offset of the value of length-delimited field ``want`` (past its length), the
-        fields before it skipped; None when it is not within the prefix."""
-        while i < end:
+    def value_of(i: int, want: int) -> Optional[int]:
+        """Where the value of length-delimited field ``want`` starts, the fields before it
+        skipped; None when the prefix ends first."""
+        while i < len(buf):
             k, i = _read_varint(buf, i)
-            field, wire = k >> 3, k & 7
-            if wire == _LEN:
-                n, i = _read_varint(buf, i)
-                if field == want:
-                    return i
-                i += n
-            elif wire == _VARINT:
-                _, i = _read_varint(buf, i)
-            else:
-                return None
+            if k == (want << 3) | _LEN:
+                return _read_varint(buf, i)[1]
+            i = _skip(buf, i, k & 7)
         return None
 
     try:
-        ref = fields(0, 1)  # the response's TensorRef output (Timing may come first)
-        tensor = None if ref is None else fields(ref, 1)  # TensorRef.tensor
-        return None if tensor is None else fields(tensor, 3)  # Tensor.data
+        ref = value_of(0, 1)  # the response's TensorRef output (Timing may come first)
+        tensor = None if ref is None else value_of(ref, 1)  # TensorRef.tensor
+        return None if tensor is None else value_of(tensor, 3)  # Tensor.data
     except ParseError:
         return None
 

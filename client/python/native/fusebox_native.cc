@@ -24,17 +24,17 @@ namespace {
 using fusebox::HostPieces;
 using fusebox::client::Client;
 
+struct Handle {
+  std::unique_ptr<Client> client;
+  int copy_threads = 0;  // the client's, for the replies' gathers
+};
+
 struct Reply {
   grpc::ByteBuffer buffer;
   std::vector<grpc::Slice> slices;  // buffer's, kept referenced while the pieces point at them
   HostPieces pieces;
   size_t size = 0;
-  int copy_threads = 0;
-};
-
-struct Handle {
-  std::unique_ptr<Client> client;
-  int copy_threads = 0;
+  int copy_threads = 0;  // its Handle's
 };
 
 std::string Text(const char* p, size_t n) { return p ? std::string(p, n) : std::string(); }
