@@ -1177,6 +1177,34 @@ def test_execute_many_refuses_an_unknown_op_before_sending_it(client):
     expect_still_serving(client)
 
 
+def test_both_clients_stub_makes_raw_calls_that_carry_the_clients_token(tmp_path):
+    import asyncio
+    from fusebox_client.aio import AsyncClient
+    tokens = tmp_path / "tokens"
+    tokens.write_text("secret-a alice\n")
+    s = Server(f"--token_file={tokens}")
+    req = pb.RowSumRequest(input=pb.TensorRef(tensor=pb.Tensor(
+        dtype=pb.FLOAT32, shape=[1, 3], data=np.ones(3, np.float32).tobytes())))
+
+    async def run_async():
+        async with AsyncClient(s.address, timeout=30, token="secret-a") as c:
+            return await c.stub.RowSum(req, metadata=c.metadata, timeout=30)
+
+    try:
+        with Client(s.address, timeout=30, token="secret-a") as c:
+            assert c.metadata == (("authorization", "Bearer secret-a"),)
+            out = c.stub.RowSum(req, metadata=c.metadata, timeout=30).output.tensor
+            assert np.frombuffer(out.data, np.float32).tolist() == [3.0]
+            with pytest.raises(grpc.RpcError) as e:
+                c.stub.RowSum(req, timeout=30)  # no token
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        out = asyncio.run(run_async()).output.tensor
+        assert np.frombuffer(out.data, np.float32).tolist() == [3.0]
+    finally:
+        s.stop()
+        s.kill()
+
+
 def test_execute_many_without_a_token_is_unauthenticated(tmp_path):
     tokens = tmp_path / "tokens"
     tokens.write_text("secret-a alice\n")

@@ -15,29 +15,27 @@ import grpc.aio
 
 from fusebox.v1 import kernel_service_pb2 as pb
 
-from ._common import (call_metadata, channel_options, check_inline, credentials,
-                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
-                      Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
-                      health_request, health_status, identity, matmul_request, Metadata, Meter,
-                      now, op_result, OP_METHODS, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
-                      RangedAssembly, RangeQueue, register_ipc_request, register_request, Request,
-                      REQUESTS, rpc_error, SERVICE, settings, shared_key, shared_memory_info,
-                      shared_op_request, shared_upload_messages, SharedMemoryInfo, SharedOutput,
-                      SharedTensor, stream_result, StreamCall, StreamResult, tensor_info,
-                      TensorInfo, Timing, transfer_channel_options, unary_request,
-                      upload_messages, write_messages, serialize_request)
-from ._common import keep_freed_memory as _keep_freed_memory
+from ._common import (call_metadata, check_inline, credentials, DEFAULT_CHUNK_BYTES,
+                      DEFAULT_CONNECTIONS, DownloadAssembly, execute_request, Freer, FuseboxError,
+                      Handle, handle_id, HandleLike, health_request, health_status, identity,
+                      matmul_request, Meter, now, op_result, PARALLEL_MIN_BYTES, Pem, Progress,
+                      RANGE_BYTES, RangedAssembly, RangeQueue, register_ipc_request,
+                      register_request, Request, rpc_error, SERVICE, shared_key,
+                      shared_memory_info, shared_op_request, shared_upload_messages,
+                      SharedMemoryInfo, SharedOutput, SharedTensor, stream_result, StreamCall,
+                      StreamResult, tensor_info, TensorInfo, Timing, transfer_channel_options,
+                      unary_request, upload_messages, write_messages)
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 from .client import TensorLike
+from ._base import ClientBase
 from .shm import RegisteredRegion, SharedMemoryRegion
-from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, open_native, use_native
-from ._wire import parse_op_response
+from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, use_native
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
     import torch  # type: ignore[import-not-found, unused-ignore]
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[grpc.aio.Channel]):
     """A grpc.aio connection to one fusebox server; ``async with AsyncClient() as c:``."""
 
     def __init__(self, target: Optional[str] = None, timeout: float = 60.0,
@@ -52,48 +50,10 @@ class AsyncClient:
         """The arguments and their defaults are Client's. A call through the native transport
         runs on the loop's default executor (a thread), so the loop goes on meanwhile; a
         cancelled task's native call still runs to its end or its deadline."""
-        if keep_freed_memory:
-            _keep_freed_memory()
-        s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
-                     server_name)
-        self.target = s.target
-        self.timeout = timeout
-        self.progress = progress
-        self._max_message_bytes = max_message_bytes
-        self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
-        if connections < 1:
-            raise ValueError(f"connections must be >= 1, not {connections}")
-        self.connections = connections
-        self.parallel_min_bytes = parallel_min_bytes
-        self.range_bytes = range_bytes
-        self.copy_results = copy_results
-        self._settings = s
-        self._options = channel_options(max_message_bytes, server_name)
-        self.native_min_bytes = native_min_bytes
-        self._native = open_native(native, s, server_name, max_message_bytes)
-        self.channel = self._new_channel(self._options)
-        self._transfer_channels: List[grpc.aio.Channel] = []
-        self._unary = {name: self.channel.unary_unary(SERVICE + name,
-                                                      request_serializer=req.SerializeToString,
-                                                      response_deserializer=resp.FromString)
-                       for name, (req, resp) in REQUESTS.items() if name not in OP_METHODS}
-        # The op RPCs encode their requests and parse their replies by hand (_wire.py): the
-        # tensors' bytes are joined into the request once, and read in place from the reply.
-        self._ops = {name: self.channel.unary_unary(SERVICE + name,
-                                                    request_serializer=serialize_request,
-                                                    response_deserializer=parse_op_response)
-                     for name in OP_METHODS}
-        self._upload = self.channel.stream_unary(
-            SERVICE + "Upload", request_serializer=identity,
-            response_deserializer=pb.UploadResponse.FromString)
-        self._download = self.channel.unary_stream(
-            SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
-            response_deserializer=pb.DownloadResponse.FromString)
-        self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
-                                                response_deserializer=identity)
-        self._execute = self.channel.stream_stream(
-            SERVICE + "Execute", request_serializer=identity,
-            response_deserializer=pb.ExecuteResponse.FromString)
+        super().__init__(target, timeout, max_message_bytes, token, tls, root_certificates,
+                         certificate_chain, private_key, server_name, progress, connections,
+                         parallel_min_bytes, range_bytes, copy_results, keep_freed_memory,
+                         native, native_min_bytes)
         try:
             self._loop: Optional[asyncio.AbstractEventLoop] = asyncio.get_running_loop()
         except RuntimeError:
@@ -151,9 +111,6 @@ class AsyncClient:
                                             metadata=call_metadata(self._metadata, [handle]))
         except grpc.RpcError:
             pass
-
-    def _deadline(self, timeout: Optional[float]) -> float:
-        return self.timeout if timeout is None else timeout
 
     def _bind_loop(self) -> None:
         if self._loop is None:

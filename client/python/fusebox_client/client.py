@@ -35,21 +35,19 @@ import grpc
 
 from fusebox.v1 import kernel_service_pb2 as pb
 
-from ._common import (call_metadata, channel_options, check_inline, credentials,
-                      DEFAULT_CHUNK_BYTES, DEFAULT_CONNECTIONS, DownloadAssembly, execute_request,
-                      Freer, FuseboxError, Handle, handle_id, HandleLike, HEALTH_METHOD,
-                      health_request, health_status, identity, matmul_request, Metadata, Meter,
-                      now, op_result, OP_METHODS, PARALLEL_MIN_BYTES, Pem, Progress, RANGE_BYTES,
-                      RangedAssembly, RangeQueue, register_ipc_request, register_request,
-                      replica_of, Request, REQUESTS, rpc_error, SERVICE, settings, shared_key,
+from ._common import (call_metadata, check_inline, credentials, DEFAULT_CHUNK_BYTES,
+                      DEFAULT_CONNECTIONS, DownloadAssembly, execute_request, Freer, FuseboxError,
+                      Handle, handle_id, HandleLike, health_request, health_status, identity,
+                      matmul_request, Meter, now, op_result, PARALLEL_MIN_BYTES, Pem, Progress,
+                      RANGE_BYTES, RangedAssembly, RangeQueue, register_ipc_request,
+                      register_request, replica_of, Request, rpc_error, SERVICE, shared_key,
                       shared_memory_info, shared_op_request, shared_upload_messages,
                       SharedMemoryInfo, SharedOutput, SharedTensor, stream_result, StreamCall,
                       StreamResult, tensor_info, TensorInfo, Timing, transfer_channel_options,
-                      unary_request, upload_messages, write_messages, serialize_request)
-from ._common import keep_freed_memory as _keep_freed_memory
+                      unary_request, upload_messages, write_messages)
+from ._base import ClientBase
 from .shm import RegisteredRegion, SharedMemoryRegion
-from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, open_native, use_native
-from ._wire import parse_op_response
+from ._native import NATIVE_MIN_BYTES, native_op, NativeCallError, use_native
 from ._tensors import Bf16Output, DTypeArg, NDArray, OutputKind, Wire, to_wire
 
 if TYPE_CHECKING:  # torch is optional; without it mypy sees its types as Any
@@ -60,7 +58,7 @@ TensorLike = Any
 ``__dlpack__``, or a Handle / handle id string naming a tensor the server holds."""
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """A connection to one fusebox server. Thread-safe; use as a context manager."""
 
     def __init__(self, target: Optional[str] = None, timeout: float = 60.0,
@@ -108,53 +106,14 @@ class Client:
         each several times; same messages, errors and results. None: when the library is
         there (a CMake build puts it next to this package; a pip-only install has none;
         $FUSEBOX_NATIVE=0 turns it off); True: it must be; False: grpcio always."""
-        if keep_freed_memory:
-            _keep_freed_memory()
-        s = settings(target, token, tls, root_certificates, certificate_chain, private_key,
-                     server_name)
-        self.target = s.target
-        self.timeout = timeout
-        self.progress = progress
-        self._max_message_bytes = max_message_bytes
-        self._metadata: Metadata = (("authorization", f"Bearer {s.token}"),) if s.token else ()
-        if connections < 1:
-            raise ValueError(f"connections must be >= 1, not {connections}")
-        self.connections = connections
-        self.parallel_min_bytes = parallel_min_bytes
-        self.range_bytes = range_bytes
-        self.copy_results = copy_results
-        self._settings = s
-        self._options = channel_options(max_message_bytes, server_name)
-        self.channel = self._new_channel(self._options)
-        self._transfer_channels: List[grpc.Channel] = []
+        super().__init__(target, timeout, max_message_bytes, token, tls, root_certificates,
+                         certificate_chain, private_key, server_name, progress, connections,
+                         parallel_min_bytes, range_bytes, copy_results, keep_freed_memory,
+                         native, native_min_bytes)
         self._transfer_lock = threading.Lock()
-        self._unary = {name: self.channel.unary_unary(SERVICE + name,
-                                                      request_serializer=req.SerializeToString,
-                                                      response_deserializer=resp.FromString)
-                       for name, (req, resp) in REQUESTS.items() if name not in OP_METHODS}
-        # The op RPCs encode their requests and parse their replies by hand (_wire.py): the
-        # tensors' bytes are joined into the request once, and read in place from the reply.
-        self._ops = {name: self.channel.unary_unary(SERVICE + name,
-                                                    request_serializer=serialize_request,
-                                                    response_deserializer=parse_op_response)
-                     for name in OP_METHODS}
-        self._upload = self.channel.stream_unary(
-            SERVICE + "Upload", request_serializer=identity,
-            response_deserializer=pb.UploadResponse.FromString)
-        self._download = self.channel.unary_stream(
-            SERVICE + "Download", request_serializer=pb.DownloadRequest.SerializeToString,
-            response_deserializer=pb.DownloadResponse.FromString)
-        self._health = self.channel.unary_unary(HEALTH_METHOD, request_serializer=identity,
-                                                response_deserializer=identity)
-        self._execute = self.channel.stream_stream(
-            SERVICE + "Execute", request_serializer=identity,
-            response_deserializer=pb.ExecuteResponse.FromString)
         self._pending: "Set[grpc.Future[Any]]" = set()
         self._pending_lock = threading.Lock()
         self._freer = Freer(self._free_later, self._free_now)
-        self._stub: Any = None
-        self.native_min_bytes = native_min_bytes
-        self._native = open_native(native, s, server_name, max_message_bytes)
 
     def _new_channel(self, options: List[Tuple[str, Any]]) -> grpc.Channel:
         if self._settings.tls:
@@ -217,24 +176,6 @@ class Client:
     def _forget(self, future: "grpc.Future[Any]") -> None:
         with self._pending_lock:
             self._pending.discard(future)
-
-    @property
-    def stub(self) -> Any:
-        """The generated fusebox.v1 KernelServiceStub on this channel, for raw calls (pass
-        ``metadata=client.metadata``)."""
-        if self._stub is None:
-            from fusebox.v1 import kernel_service_pb2_grpc as pb_grpc
-            make = pb_grpc.KernelServiceStub  # generated without type annotations
-            self._stub = make(self.channel)  # type: ignore[no-untyped-call, unused-ignore]
-        return self._stub
-
-    @property
-    def metadata(self) -> Metadata:
-        """The metadata every call carries (the token), for raw calls."""
-        return self._metadata
-
-    def _deadline(self, timeout: Optional[float]) -> float:
-        return self.timeout if timeout is None else timeout
 
     def wait_for_ready(self, timeout: float = 10.0) -> bool:
         """True when the channel connects within timeout seconds."""
