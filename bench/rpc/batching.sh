@@ -27,9 +27,10 @@ for round in $(seq 1 "${ROUNDS:-3}"); do
   fi
   for flags in "${order[@]}"; do
     mport=$(( 20000 + RANDOM % 20000 ))
+    : >"$tmp/server.log"  # before the child opens it: the first look below must find it
     # shellcheck disable=SC2086
     "$server_bin" --address=127.0.0.1:0 --backend="${BACKEND:-cpu}" --metrics_address=127.0.0.1:$mport \
-      $flags >"$tmp/server.log" 2>"$tmp/server.err" &
+      $flags >>"$tmp/server.log" 2>"$tmp/server.err" &
     pid=$!
     port=""
     for _ in $(seq 1 300); do

@@ -45,7 +45,9 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill $p 2>/dev/null; wait $p 2>/dev/null; done; rm -rf "$tmp"' EXIT
 start() {
   local name=$1; shift
-  "$@" >"$tmp/$name.log" 2>"$tmp/$name.err" &
+  # Made here: the child opens them only once it runs, and a look before that must find them.
+  : >"$tmp/$name.log"; : >"$tmp/$name.err"
+  "$@" >>"$tmp/$name.log" 2>>"$tmp/$name.err" &
   local pid=$!
   pids+=($pid)
   port=""
