@@ -45,7 +45,7 @@ class KernelServiceImpl::DownloadReactor final
     }
     const v1::DownloadRequest* req = &request;
     if (svc_->store_ == nullptr) {
-      End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      End(ToGrpcStatus(NoStore()));
       return;
     }
     if (req->chunk_bytes() < 0) {

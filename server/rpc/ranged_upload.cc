@@ -22,48 +22,28 @@ namespace {
 // a long one is refused as NOT_FOUND after parsing, which the message limit bounds).
 constexpr int64_t kMessageFramingBytes = 4 << 10;
 
-const grpc::Status kNoStore(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors");
-
 }  // namespace
 
 grpc::ServerUnaryReactor* KernelServiceImpl::CreateUpload(grpc::CallbackServerContext* ctx,
                                                           const grpc::ByteBuffer* wire,
                                                           grpc::ByteBuffer* reply) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::Status status;
   v1::CreateUploadRequest req;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = ToGrpcStatus(c.status());
-  } else if (absl::Status parsed = ParseRequest(wire, &req); !parsed.ok()) {
-    status = ToGrpcStatus(parsed);
-  } else if (uploads_ == nullptr) {
-    status = kNoStore;
-  } else {
-    absl::StatusOr<PendingUploads::Created> created;
+  return AnswerUnary("CreateUpload", ctx, wire, &req, [&](const RequestContext& c) {
+    if (uploads_ == nullptr) return NoStore();
     auto dtype = CheckedDType(req.dtype(), "upload");
-    auto bytes = dtype.ok() ? CheckedBytes(*dtype, req.shape(), "upload")
-                            : absl::StatusOr<int64_t>(dtype.status());
-    if (bytes.ok()) {
-      created = uploads_->Create(c->tenant, *dtype,
-                                 std::vector<int64_t>(req.shape().begin(), req.shape().end()));
-    } else {
-      created = bytes.status();
-    }
-    if (!created.ok()) {
-      status = ToGrpcStatus(created.status());
-    } else {
-      v1::CreateUploadResponse resp;
-      resp.set_upload_id(created->id);
-      resp.set_size_bytes(created->bytes);
-      resp.set_idle_timeout_s(uploads_->idle_timeout_seconds());
-      SerializeReply(resp, reply);
-    }
-  }
-  RecordOther("CreateUpload", status, 0, 0);
-  reactor->Finish(status);
-  return reactor;
+    if (!dtype.ok()) return dtype.status();
+    auto bytes = CheckedBytes(*dtype, req.shape(), "upload");
+    if (!bytes.ok()) return bytes.status();
+    auto created = uploads_->Create(c.tenant, *dtype,
+                                    std::vector<int64_t>(req.shape().begin(), req.shape().end()));
+    if (!created.ok()) return created.status();
+    v1::CreateUploadResponse resp;
+    resp.set_upload_id(created->id);
+    resp.set_size_bytes(created->bytes);
+    resp.set_idle_timeout_s(uploads_->idle_timeout_seconds());
+    SerializeReply(resp, reply);
+    return absl::OkStatus();
+  });
 }
 
 // WriteUpload: every message is a range, claimed (checked against the tensor's end and every
@@ -83,7 +63,7 @@ class KernelServiceImpl::WriteUploadReactor final
       return;
     }
     if (svc_->uploads_ == nullptr) {
-      End(kNoStore);
+      End(ToGrpcStatus(NoStore()));
       return;
     }
     tenant_ = c->tenant;
@@ -199,7 +179,7 @@ grpc::ServerUnaryReactor* KernelServiceImpl::CommitUpload(grpc::CallbackServerCo
   } else if (absl::Status parsed = ParseRequest(wire, req); !parsed.ok()) {
     status = ToGrpcStatus(parsed);
   } else if (uploads_ == nullptr) {
-    status = kNoStore;
+    status = ToGrpcStatus(NoStore());
   } else if (auto t = uploads_->TakeComplete(c->tenant, req->upload_id()); !t.ok()) {
     status = ToGrpcStatus(t.status());
   } else if (absl::Status before = BeforeCommit(*ctx, t->get()); !before.ok()) {
@@ -217,27 +197,16 @@ grpc::ServerUnaryReactor* KernelServiceImpl::CommitUpload(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* KernelServiceImpl::AbortUpload(grpc::CallbackServerContext* ctx,
                                                          const grpc::ByteBuffer* wire,
                                                          grpc::ByteBuffer* reply) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::Status status;
   v1::AbortUploadRequest req;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = ToGrpcStatus(c.status());
-  } else if (absl::Status parsed = ParseRequest(wire, &req); !parsed.ok()) {
-    status = ToGrpcStatus(parsed);
-  } else if (uploads_ == nullptr) {
-    status = kNoStore;
-  } else if (auto freed = uploads_->Abort(c->tenant, req.upload_id()); !freed.ok()) {
-    status = ToGrpcStatus(freed.status());
-  } else {
+  return AnswerUnary("AbortUpload", ctx, wire, &req, [&](const RequestContext& c) {
+    if (uploads_ == nullptr) return NoStore();
+    auto freed = uploads_->Abort(c.tenant, req.upload_id());
+    if (!freed.ok()) return freed.status();
     v1::AbortUploadResponse resp;
     resp.set_freed_bytes(*freed);
     SerializeReply(resp, reply);
-  }
-  RecordOther("AbortUpload", status, 0, 0);
-  reactor->Finish(status);
-  return reactor;
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace fusebox

@@ -141,6 +141,26 @@ absl::StatusOr<RequestContext> KernelServiceImpl::Context(
   return c;
 }
 
+absl::Status NoStore() { return absl::UnimplementedError("this server holds no tensors"); }
+
+grpc::ServerUnaryReactor* KernelServiceImpl::AnswerUnary(
+    const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
+    google::protobuf::Message* req, absl::FunctionRef<absl::Status(const RequestContext&)> answer) {
+  StartOther();
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  absl::Status status;
+  auto c = Context(*ctx);
+  if (!c.ok()) {
+    status = c.status();
+  } else if (status = ParseRequest(wire, req); status.ok()) {
+    status = answer(*c);
+  }
+  const grpc::Status s = ToGrpcStatus(status);
+  RecordOther(method, s, 0, 0);
+  reactor->Finish(s);
+  return reactor;
+}
+
 void KernelServiceImpl::StartOther() const {
   if (metrics_) metrics_->CallStarted();
 }

@@ -167,11 +167,11 @@ class KernelServiceImpl final : public RawKernelService {
   // client gave up, which the server cannot see (gRPC reports the call complete), so it is
   // held unclaimed: freed after the stall timeout unless a call names its handle first.
   absl::Status BeforeCommit(const grpc::CallbackServerContext& ctx, StoredTensor* t) const;
-  // RegisterSharedMemory's, UnregisterSharedMemory's and ListSharedMemory's one body
-  // (shared_memory.cc): who calls, `wire` parsed into `req`, shared memory on (else
-  // FAILED_PRECONDITION); then `answer` for the caller fills the reply and gives the status the
-  // call ends with, counted as `method`.
-  grpc::ServerUnaryReactor* AnswerShm(
+  // The one body of the unary RPCs with a small request and reply that run no op (FreeTensor,
+  // the ranged uploads' Create and Abort, the shared-memory registry), answered on the calling
+  // thread: who calls, `wire` parsed into `req`, then `answer` for the caller fills the reply
+  // and gives the status the call ends with, counted as `method`.
+  grpc::ServerUnaryReactor* AnswerUnary(
       const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
       google::protobuf::Message* req,
       absl::FunctionRef<absl::Status(const RequestContext&)> answer);

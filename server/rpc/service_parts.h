@@ -22,6 +22,9 @@
 
 namespace fusebox {
 
+// UNIMPLEMENTED: the calls on held tensors, when the server was started without a store.
+absl::Status NoStore();
+
 // A held tensor as ListTensors, Upload and Download describe it.
 void FillInfo(const StoredTensor& t, v1::TensorInfo* out);
 

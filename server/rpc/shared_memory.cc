@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "server/rpc/messages.h"
 #include "server/rpc/service.h"
@@ -45,32 +44,12 @@ absl::Status NoRegistry() {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* KernelServiceImpl::AnswerShm(
-    const char* method, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire,
-    google::protobuf::Message* req, absl::FunctionRef<absl::Status(const RequestContext&)> answer) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status status;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = c.status();
-  } else if (status = ParseRequest(wire, req); !status.ok()) {
-  } else if (shm_ == nullptr) {
-    status = NoRegistry();
-  } else {
-    status = answer(*c);
-  }
-  const grpc::Status s = ToGrpcStatus(status);
-  RecordOther(method, s, 0, 0);
-  reactor->Finish(s);
-  return reactor;
-}
-
 grpc::ServerUnaryReactor* KernelServiceImpl::RegisterSharedMemory(grpc::CallbackServerContext* ctx,
                                                                   const grpc::ByteBuffer* wire,
                                                                   grpc::ByteBuffer* reply) {
   v1::RegisterSharedMemoryRequest req;
-  return AnswerShm("RegisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+  return AnswerUnary("RegisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+    if (shm_ == nullptr) return NoRegistry();
     absl::StatusOr<std::shared_ptr<SharedRegion>> r;
     switch (req.kind_case()) {
       case v1::RegisterSharedMemoryRequest::kSystem:
@@ -97,7 +76,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::RegisterSharedMemory(grpc::Callback
 grpc::ServerUnaryReactor* KernelServiceImpl::UnregisterSharedMemory(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* wire, grpc::ByteBuffer* reply) {
   v1::UnregisterSharedMemoryRequest req;
-  return AnswerShm("UnregisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+  return AnswerUnary("UnregisterSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+    if (shm_ == nullptr) return NoRegistry();
     absl::Status status = shm_->Unregister(c.tenant, req.name());
     if (status.ok()) SerializeReply(v1::UnregisterSharedMemoryResponse(), reply);
     return status;
@@ -108,7 +88,8 @@ grpc::ServerUnaryReactor* KernelServiceImpl::ListSharedMemory(grpc::CallbackServ
                                                               const grpc::ByteBuffer* wire,
                                                               grpc::ByteBuffer* reply) {
   v1::ListSharedMemoryRequest req;
-  return AnswerShm("ListSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+  return AnswerUnary("ListSharedMemory", ctx, wire, &req, [&](const RequestContext& c) {
+    if (shm_ == nullptr) return NoRegistry();
     absl::Status status = shm_->Allowed();
     if (!status.ok()) return status;
     // A tenant holds at most --max_shm_regions_per_tenant regions: the reply stays small.

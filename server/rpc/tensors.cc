@@ -21,27 +21,16 @@ constexpr int64_t kSmallReplyBytes = 64 << 10;
 grpc::ServerUnaryReactor* KernelServiceImpl::FreeTensor(grpc::CallbackServerContext* ctx,
                                                         const grpc::ByteBuffer* wire,
                                                         grpc::ByteBuffer* reply) {
-  StartOther();
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::Status status;
   v1::FreeTensorRequest req;
-  v1::FreeTensorResponse resp;
-  auto c = Context(*ctx);
-  if (!c.ok()) {
-    status = ToGrpcStatus(c.status());
-  } else if (absl::Status parsed = ParseRequest(wire, &req); !parsed.ok()) {
-    status = ToGrpcStatus(parsed);
-  } else if (store_ == nullptr) {
-    status = grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors");
-  } else if (auto freed = store_->Free(c->tenant, req.handle()); !freed.ok()) {
-    status = ToGrpcStatus(freed.status());
-  } else {
+  return AnswerUnary("FreeTensor", ctx, wire, &req, [&](const RequestContext& c) {
+    if (store_ == nullptr) return NoStore();
+    auto freed = store_->Free(c.tenant, req.handle());
+    if (!freed.ok()) return freed.status();
+    v1::FreeTensorResponse resp;
     resp.set_freed_bytes(*freed);
     SerializeReply(resp, reply);
-  }
-  RecordOther("FreeTensor", status, 0, 0);
-  reactor->Finish(status);
-  return reactor;
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* KernelServiceImpl::ListTensors(grpc::CallbackServerContext* ctx,

@@ -35,7 +35,7 @@ class KernelServiceImpl::UploadReactor final : public grpc::ServerReadReactor<gr
       return;
     }
     if (svc_->store_ == nullptr) {
-      End(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "this server holds no tensors"));
+      End(ToGrpcStatus(NoStore()));
       return;
     }
     tenant_ = c->tenant;
