@@ -212,6 +212,29 @@ def test_mtls_requires_a_client_certificate_from_the_client_ca(pki, start):
     assert s.alive()
 
 
+def test_native_transport_speaks_mtls_and_is_refused_as_grpcio_is(pki, start):
+    # Large calls go through libfusebox_native (the C++ client), which takes the same TLS
+    # settings: served with the right CA, name and certificate; refused at the handshake else.
+    from fusebox_client import _native
+    if _native.library() is None:
+        pytest.skip("libfusebox_native is not built next to fusebox_client")
+    s = start(*tls_flags(pki["server1"], client_ca=pki["ca2"]))
+    x = np.linspace(-4, 4, 1 << 19, dtype=np.float32)  # 2 MiB: past native_min_bytes
+    mine = dict(certificate_chain=pki["client2"].cert, private_key=pki["client2"].key)
+    with Client(s.address, root_certificates=pki["ca1"].cert, server_name="localhost",
+                native=True, **mine) as c:
+        with Client(s.address, root_certificates=pki["ca1"].cert, native=False, **mine) as g:
+            np.testing.assert_array_equal(c.gelu(x), g.gelu(x))
+    for bad in (dict(root_certificates=pki["ca2"].cert, **mine),  # trusts another CA
+                dict(root_certificates=pki["ca1"].cert),  # no client certificate
+                dict(root_certificates=pki["ca1"].cert, server_name="not-this-server", **mine)):
+        with Client(s.address, native=True, timeout=5, **bad) as c:
+            with pytest.raises(FuseboxError) as e:
+                c.gelu(x)
+            assert e.value.code == grpc.StatusCode.UNAVAILABLE, (bad, e.value)
+    assert s.alive()
+
+
 def test_python_client_wants_a_certificate_and_its_key_together(pki):
     with pytest.raises(ValueError, match="come together"):
         Client("127.0.0.1:1", certificate_chain=pki["client1"].cert)
