@@ -841,6 +841,11 @@ def test_a_unix_socket_address_is_served_and_announced_as_given(tmp_path):
         assert f"listening on unix:{path} " in line, line
         with Client(f"unix:{path}", timeout=30) as c:
             expect_still_serving(c)
+        from fusebox_client import _native
+        if _native.library() is not None:  # a large call: the native transport, same socket
+            x = np.linspace(-4, 4, 1 << 19, dtype=np.float32)
+            with Client(f"unix:{path}", timeout=30, native=True) as c:
+                np.testing.assert_allclose(c.gelu(x), gelu_ref(x), rtol=1e-5, atol=1e-6)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:
