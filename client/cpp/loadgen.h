@@ -32,11 +32,39 @@ struct Result {
   double calls_per_s() const { return wall_s > 0 ? static_cast<double>(calls) / wall_s : 0; }
 };
 
-// Closed loop: `callers` threads each call fn(caller, measured) back to back for warmup_s, then
-// all start again together for duration_s; fn returns the call's gRPC code (0 = OK). The
-// measured phase's calls are those that start before its end.
-template <typename Fn>
-Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
+// One caller thread's count of a phase, added to the run's Result once at the end.
+struct Tally {
+  std::vector<double> latency_us;
+  std::map<int, int64_t> errors;
+  int64_t calls = 0, late = 0;
+  // A call that ended with `code` (0 = OK, then its latency counts).
+  void Add(int code, double latency_us_of_call) {
+    ++calls;
+    if (code == 0) {
+      latency_us.push_back(latency_us_of_call);
+    } else {
+      ++errors[code];
+    }
+  }
+  void MergeInto(Result* r, std::mutex* mu) const {
+    std::lock_guard<std::mutex> lock(*mu);
+    r->latency_us.insert(r->latency_us.end(), latency_us.begin(), latency_us.end());
+    for (auto [code, k] : errors) r->errors[code] += k;
+    r->calls += calls;
+    r->late += late;
+  }
+};
+
+inline double MicrosSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+}
+
+// A warm-up phase (warmup_s, not measured; skipped when 0) and then the measured one
+// (duration_s), each running body(caller, until, measured, &tally) on `callers` threads started
+// together; the measured phase's tallies make the Result, its wall time from its start to the
+// last caller's return.
+template <typename Body>
+Result Phases(int callers, double warmup_s, double duration_s, Body&& body) {
   Result result;
   std::mutex mu;
   auto phase = [&](bool measured, double seconds) {
@@ -46,25 +74,9 @@ Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
     const auto t0 = Clock::now();
     for (int c = 0; c < callers; ++c) {
       threads.emplace_back([&, c] {
-        std::vector<double> mine;
-        std::map<int, int64_t> errors;
-        int64_t n = 0;
-        while (Clock::now() < until) {
-          const auto start = Clock::now();
-          const int code = fn(c, measured);
-          const auto end = Clock::now();
-          ++n;
-          if (code == 0) {
-            mine.push_back(std::chrono::duration<double, std::micro>(end - start).count());
-          } else {
-            ++errors[code];
-          }
-        }
-        if (!measured) return;
-        std::lock_guard<std::mutex> lock(mu);
-        result.latency_us.insert(result.latency_us.end(), mine.begin(), mine.end());
-        for (auto [code, k] : errors) result.errors[code] += k;
-        result.calls += n;
+        Tally mine;
+        body(c, until, measured, &mine);
+        if (measured) mine.MergeInto(&result, &mu);
       });
     }
     for (auto& t : threads) t.join();
@@ -73,6 +85,21 @@ Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
   if (warmup_s > 0) phase(false, warmup_s);
   phase(true, duration_s);
   return result;
+}
+
+// Closed loop: `callers` threads each call fn(caller, measured) back to back for warmup_s, then
+// all start again together for duration_s; fn returns the call's gRPC code (0 = OK). The
+// measured phase's calls are those that start before its end.
+template <typename Fn>
+Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
+  auto drive = [&](int c, Clock::time_point until, bool measured, Tally* mine) {
+    while (Clock::now() < until) {
+      const auto start = Clock::now();
+      const int code = fn(c, measured);
+      mine->Add(code, MicrosSince(start));
+    }
+  };
+  return Phases(callers, warmup_s, duration_s, drive);
 }
 
 // Streaming closed loop: `callers` threads, each driving a stream of its own with up to `window`
@@ -85,66 +112,37 @@ Result ClosedLoop(int callers, double warmup_s, double duration_s, Fn&& fn) {
 template <typename Send, typename Take>
 Result StreamLoop(int callers, int window, double warmup_s, double duration_s, Send&& send,
                   Take&& take) {
-  Result result;
-  std::mutex mu;
   std::vector<uint64_t> next_seq(static_cast<size_t>(callers), 0);
-  auto phase = [&](bool measured, double seconds) {
-    const auto until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(seconds));
-    std::vector<std::thread> threads;
-    const auto t0 = Clock::now();
-    for (int c = 0; c < callers; ++c) {
-      threads.emplace_back([&, c] {
-        std::vector<double> mine;
-        std::map<int, int64_t> errors;
-        std::unordered_map<uint64_t, Clock::time_point> out;
-        uint64_t& seq = next_seq[static_cast<size_t>(c)];
-        int64_t n = 0;
-        for (;;) {
-          const bool sending = Clock::now() < until;
-          if (sending && static_cast<int>(out.size()) < window) {
-            const auto start = Clock::now();
-            const int code = send(c, seq, measured);
-            if (code != 0) {
-              ++errors[code];
-              ++n;
-              break;
-            }
-            out.emplace(seq++, start);
-            continue;
-          }
-          if (out.empty()) break;
-          uint64_t answered = 0;
-          const int code = take(c, measured, &answered);
-          if (code < 0) {  // the stream ended: what was out is lost
-            errors[14] += static_cast<int64_t>(out.size());  // UNAVAILABLE
-            n += static_cast<int64_t>(out.size());
-            break;
-          }
-          const auto it = out.find(answered);
-          if (it == out.end()) continue;  // not ours (cannot happen with a sane server)
-          ++n;
-          if (code == 0) {
-            mine.push_back(
-                std::chrono::duration<double, std::micro>(Clock::now() - it->second).count());
-          } else {
-            ++errors[code];
-          }
-          out.erase(it);
+  auto drive = [&](int c, Clock::time_point until, bool measured, Tally* mine) {
+    std::unordered_map<uint64_t, Clock::time_point> out;
+    uint64_t& seq = next_seq[static_cast<size_t>(c)];
+    for (;;) {
+      const bool sending = Clock::now() < until;
+      if (sending && static_cast<int>(out.size()) < window) {
+        const auto start = Clock::now();
+        const int code = send(c, seq, measured);
+        if (code != 0) {
+          mine->Add(code, 0);
+          break;
         }
-        if (!measured) return;
-        std::lock_guard<std::mutex> lock(mu);
-        result.latency_us.insert(result.latency_us.end(), mine.begin(), mine.end());
-        for (auto [code, k] : errors) result.errors[code] += k;
-        result.calls += n;
-      });
+        out.emplace(seq++, start);
+        continue;
+      }
+      if (out.empty()) break;
+      uint64_t answered = 0;
+      const int code = take(c, measured, &answered);
+      if (code < 0) {  // the stream ended: what was out is lost
+        mine->errors[14] += static_cast<int64_t>(out.size());  // UNAVAILABLE
+        mine->calls += static_cast<int64_t>(out.size());
+        break;
+      }
+      const auto it = out.find(answered);
+      if (it == out.end()) continue;  // not ours (cannot happen with a sane server)
+      mine->Add(code, MicrosSince(it->second));
+      out.erase(it);
     }
-    for (auto& t : threads) t.join();
-    if (measured) result.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   };
-  if (warmup_s > 0) phase(false, warmup_s);
-  phase(true, duration_s);
-  return result;
+  return Phases(callers, warmup_s, duration_s, drive);
 }
 
 // Open loop at `rate` calls/s: call i is due at start + i / rate; a pool of `callers` threads
@@ -165,31 +163,18 @@ Result OpenLoop(int callers, double rate, double warmup_s, double duration_s, Fn
   std::vector<std::thread> threads;
   for (int c = 0; c < callers; ++c) {
     threads.emplace_back([&, c] {
-      std::vector<double> mine;
-      std::map<int, int64_t> errors;
-      int64_t n = 0, late = 0;
+      Tally mine;
       for (;;) {
         const int64_t i = next.fetch_add(1);
         if (i >= total_calls) break;
         const auto due = at(static_cast<double>(i) / rate);
         std::this_thread::sleep_until(due);
         const bool measured = i >= warm_calls;
-        if (measured && Clock::now() - due > std::chrono::milliseconds(1)) ++late;
+        if (measured && Clock::now() - due > std::chrono::milliseconds(1)) ++mine.late;
         const int code = fn(c, measured);
-        const auto end = Clock::now();
-        if (!measured) continue;
-        ++n;
-        if (code == 0) {
-          mine.push_back(std::chrono::duration<double, std::micro>(end - due).count());
-        } else {
-          ++errors[code];
-        }
+        if (measured) mine.Add(code, MicrosSince(due));
       }
-      std::lock_guard<std::mutex> lock(mu);
-      result.latency_us.insert(result.latency_us.end(), mine.begin(), mine.end());
-      for (auto [code, k] : errors) result.errors[code] += k;
-      result.calls += n;
-      result.late += late;
+      mine.MergeInto(&result, &mu);
     });
   }
   for (auto& t : threads) t.join();
