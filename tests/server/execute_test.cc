@@ -33,98 +33,13 @@
 #include "server/rpc/metrics.h"
 #include "server/rpc/service.h"
 #include "server/server.h"
+#include "tests/server/held_backend.h"
 
 namespace fusebox {
 namespace {
 
 namespace fc = fusebox::client;
 using std::chrono::milliseconds;
-
-// The CPU backend, holding every op until the test releases it (one by one, or all).
-class HeldCpuBackend final : public Backend {
- public:
-  HeldCpuBackend() : cpu_(MakeCpuBackend({})) {}
-  std::string name() const override { return cpu_->name(); }
-  std::string device() const override { return cpu_->device(); }
-  void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (open_) {
-      lock.unlock();
-      cpu_->Submit(call, enqueued_ns, std::move(done));
-      return;
-    }
-    held_.push_back({call, enqueued_ns, std::move(done)});
-    ++submitted_;
-    cv_.notify_all();
-  }
-  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
-    return cpu_->Allocate(bytes);
-  }
-  BackendStats stats() const override { return cpu_->stats(); }
-  void Shutdown() override { cpu_->Shutdown(); }
-
-  // Waits until `n` ops have been held in all (false after 10 s).
-  bool WaitUntilSubmitted(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return submitted_ >= n; });
-  }
-  int submitted() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return submitted_;
-  }
-  size_t holding() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return held_.size();
-  }
-  bool AllAbandoned() {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Held& h : held_) {
-      if (!h.call.abandoned || !h.call.abandoned()) return false;
-    }
-    return true;
-  }
-  // Runs the held op whose first input starts with the float `first` (requests are read on
-  // gRPC's threads, so ops of one stream may reach Submit in any order: tell them by content).
-  bool ReleaseStartingWith(float first) {
-    Held h;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = std::find_if(held_.begin(), held_.end(), [&](const Held& x) {
-        float v;
-        std::memcpy(&v, x.call.inputs[0], sizeof v);
-        return v == first;
-      });
-      if (it == held_.end()) return false;
-      h = std::move(*it);
-      held_.erase(it);
-    }
-    cpu_->Submit(h.call, h.enqueued_ns, std::move(h.done));
-    return true;
-  }
-  // Runs every held op; with `open`, later ones at once.
-  void ReleaseAll(bool open = false) {
-    std::vector<Held> run;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      run.swap(held_);
-      open_ = open_ || open;
-    }
-    for (Held& h : run) cpu_->Submit(h.call, h.enqueued_ns, std::move(h.done));
-  }
-
- private:
-  struct Held {
-    OpCall call;
-    int64_t enqueued_ns = 0;
-    OpDone done;
-  };
-  const std::unique_ptr<Backend> cpu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Held> held_;
-  int submitted_ = 0;
-  bool open_ = false;
-};
 
 // A KernelServiceImpl on `backend` served on a loopback port.
 struct Served {

@@ -34,6 +34,7 @@
 #include "server/rpc/service.h"
 #include "server/core/tensor_store.h"
 #include "tests/reference.h"
+#include "tests/server/held_backend.h"
 
 namespace fusebox {
 namespace {
@@ -1884,78 +1885,9 @@ TEST(ServiceLaunchTest, BackendsLaunchUsReachesTheResponseAndTheLaunchPhase) {
   backend.Shutdown();
 }
 
-// The CPU backend, holding each op until the test releases it.
-class GatedCpuBackend final : public Backend {
- public:
-  GatedCpuBackend() : cpu_(MakeCpuBackend({})) {}
-  std::string name() const override { return cpu_->name(); }
-  std::string device() const override { return cpu_->device(); }
-  void Submit(const OpCall& call, int64_t enqueued_ns, OpDone done) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (open_) {
-      lock.unlock();
-      cpu_->Submit(call, enqueued_ns, std::move(done));
-      return;
-    }
-    held_.push_back({call, enqueued_ns, std::move(done)});
-    cv_.notify_all();
-  }
-  absl::StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override {
-    return cpu_->Allocate(bytes);
-  }
-  BackendStats stats() const override { return cpu_->stats(); }
-  void Shutdown() override { cpu_->Shutdown(); }
-  // Whether held call i's caller has gone (OpCall::abandoned).
-  bool HeldAbandoned(size_t i) {
-    std::lock_guard<std::mutex> lock(mu_);
-    return i < held_.size() && held_[i].call.abandoned && held_[i].call.abandoned();
-  }
-  void WaitUntilHolding(size_t n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return held_.size() >= n; });
-  }
-  // Runs the held calls; with `open`, every later one too, at once.
-  void Release(bool open = false) {
-    std::vector<Held> run;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      run.swap(held_);
-      open_ = open_ || open;
-    }
-    for (auto& h : run) {
-      cpu_->Submit(h.call, h.enqueued_ns,
-                   [this, done = std::move(h.done)](absl::Status s, const OpTiming& t) {
-                     {
-                       std::lock_guard<std::mutex> lock(mu_);
-                       codes_.push_back(s.code());
-                     }
-                     done(std::move(s), t);
-                   });
-    }
-  }
-  // What the CPU backend answered each released call (CANCELLED: not computed).
-  std::vector<absl::StatusCode> BackendCodes() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return codes_;
-  }
-
- private:
-  struct Held {
-    OpCall call;
-    int64_t enqueued_ns;
-    OpDone done;
-  };
-  const std::unique_ptr<Backend> cpu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Held> held_;
-  std::vector<absl::StatusCode> codes_;
-  bool open_ = false;
-};
-
 // A call cancelled while its op waits keeps no output, and the op is not computed.
 TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
-  GatedCpuBackend backend;
+  HeldCpuBackend backend;
   TensorStore store(&backend, StoreLimits{});
   const Authenticator open;
   KernelServiceImpl service(&backend, /*metrics=*/nullptr, &store, &open, RequestLimits{});
@@ -1964,7 +1896,7 @@ TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
 
   grpc::ClientContext ctx;
   PendingGelu call(*loopback.stub, &ctx, KeptGelu(1000));
-  backend.WaitUntilHolding(1);  // the output is reserved, the op waits
+  ASSERT_TRUE(backend.WaitUntilHolding(1));  // the output is reserved, the op waits
   EXPECT_EQ(store.TenantUsedBytes("anonymous"), 4000);
   ctx.TryCancel();
   EXPECT_EQ(call.Wait().error_code(), grpc::StatusCode::CANCELLED);
@@ -1974,7 +1906,7 @@ TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(backend.HeldAbandoned(0));
-  backend.Release();
+  backend.ReleaseAll();
   loopback.server->Shutdown();  // returns once the call has ended
   EXPECT_EQ(backend.BackendCodes(), std::vector<absl::StatusCode>{absl::StatusCode::kCancelled});
   EXPECT_TRUE(store.List("anonymous").empty());
@@ -1990,7 +1922,7 @@ TEST(ServiceCancelTest, OpCancelledWhileQueuedKeepsNoOutputAndIsNotComputed) {
 // Queued calls hold their inline tensors (request, and the reply built in place) until
 // answered: past --inflight_mib a call is refused before its output is allocated.
 TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthersEnd) {
-  GatedCpuBackend backend;
+  HeldCpuBackend backend;
   TensorStore store(&backend, StoreLimits{});
   const Authenticator open;
   RequestLimits limits;
@@ -2003,7 +1935,7 @@ TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthe
 
   grpc::ClientContext c1;
   PendingGelu first(*loopback.stub, &c1, inline_gelu);
-  backend.WaitUntilHolding(1);  // 12000 of 16000 held
+  ASSERT_TRUE(backend.WaitUntilHolding(1));  // 12000 of 16000 held
   grpc::ClientContext c2;
   PendingGelu second(*loopback.stub, &c2, inline_gelu);
   const grpc::Status refused = second.Wait();
@@ -2012,8 +1944,8 @@ TEST(ServiceInflightTest, CallsPastTheInflightLimitAreResourceExhaustedUntilOthe
       << refused.error_message();
   grpc::ClientContext c3;  // a kept output is the store's: only its 4000 bytes in count
   PendingGelu kept(*loopback.stub, &c3, KeptGelu(1000));
-  backend.WaitUntilHolding(2);
-  backend.Release(/*open=*/true);
+  ASSERT_TRUE(backend.WaitUntilHolding(2));
+  backend.ReleaseAll(/*open=*/true);
   EXPECT_TRUE(first.Wait().ok());
   EXPECT_TRUE(kept.Wait().ok());
   // Once their replies have gone, there is room again.
