@@ -11,6 +11,9 @@
 #            and tools/soak.py (on the device: python3 .bundle-e2e/bin/soak.py --build_dir
 #            .bundle-e2e/bin --server_bin .bundle-e2e/bin/fusebox-server --server_arg=--backend=cuda),
 #            and the RPC floor: fusebox-rpc-echo with bench/rpc/run_bench.sh (rpc_floor_device.sh)
+#   pending  .bundle-pending: what a change owes the GPU in one device command
+#            (tools/gpu/pending_device.sh): the kernel and CUDA-backend tests, compute-sanitizer,
+#            the 4 KiB floor with and without --cuda_graphs (the sweep is the kernels bundle's)
 # Then call the device `run` tool with carry [".bundle-<job>"] and the command printed for it
 # (each fits the tool's 10-minute limit).
 # BASELINE=<rev> also builds that revision (in a worktree under build-base/) for an A/B of two
@@ -18,7 +21,8 @@
 # which the `ab` step of run_device.sh times beside ours ("ours@base") in one process; e2e gets
 # its fusebox-server and CUDA module as base.tgz, which tools/gpu/ab_servers.sh builds runs
 # alternated with this revision's server.
-# usage: [BASELINE=<rev>] tools/gpu/device_all.sh [kernels] [matmul] [e2e]   (default: all three)
+# usage: [BASELINE=<rev>] tools/gpu/device_all.sh [kernels] [matmul] [e2e] [pending]
+#        (default: kernels matmul e2e)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 jobs=("$@")
@@ -30,6 +34,8 @@ declare -A targets=(
   [e2e]="fusebox-server fusebox_cuda_backend fusebox-e2e fusebox_gpu_bench_memory_bound fusebox_proto_python
          fusebox_metrics_bench fusebox-rpc-bench fusebox_gpu_cuda_backend_test
          fusebox_gpu_shared_memory_test fusebox_gpu_ipc_exporter fusebox-perf fusebox-rpc-echo"
+  [pending]="fusebox_gpu_kernels_test fusebox_gpu_cuda_backend_test
+             fusebox-server fusebox_cuda_backend fusebox-rpc-bench fusebox-rpc-echo"
 )
 declare -A files=(
   [kernels]="$b/tests/gpu/fusebox_gpu_kernels_test $b/bench/gpu/fusebox_gpu_bench_memory_bound
@@ -47,16 +53,21 @@ declare -A files=(
          $b/tests/gpu/fusebox_gpu_shared_memory_test $b/tests/gpu/fusebox_gpu_ipc_exporter
          $b/client/fusebox-perf $b/bench/rpc/fusebox-rpc-echo bench/rpc/run_bench.sh
          tools/gpu/rpc_floor_device.sh"
+  [pending]="$b/tests/gpu/fusebox_gpu_kernels_test $b/tests/gpu/fusebox_gpu_cuda_backend_test
+             $b/server/fusebox-server $b/server/libfusebox_cuda_backend.so
+             $b/bench/rpc/fusebox-rpc-bench $b/bench/rpc/fusebox-rpc-echo bench/rpc/run_bench.sh
+             tools/gpu/rpc_floor_device.sh tools/gpu/pending_device.sh bench/gpu/run_device.sh"
 )
 c=$(git rev-parse --short HEAD)
 declare -A command=(
   [kernels]="COMMIT=$c BUNDLE=.bundle-kernels bash .bundle-kernels/bin/run_device.sh test sanitize bench  # ~4-6 min"
   [matmul]="COMMIT=$c bash .bundle-matmul/bin/run_matmul.sh \$PWD/.bundle-matmul  # ~4 min"
   [e2e]="BUNDLE=.bundle-e2e bash .bundle-e2e/bin/run_e2e.sh  # ~3 min; A/B: ab_servers.sh builds|backends"
+  [pending]="COMMIT=$c bash .bundle-pending/bin/pending_device.sh  # <= 560 s"
 )
 want=()
 for j in "${jobs[@]}"; do
-  [[ -n ${targets[$j]:-} ]] || { echo "unknown job '$j' (kernels, matmul, e2e)" >&2; exit 2; }
+  [[ -n ${targets[$j]:-} ]] || { echo "unknown job '$j' (kernels, matmul, e2e, pending)" >&2; exit 2; }
   read -r -a t <<<"${targets[$j]//$'\n'/ }"
   want+=("${t[@]}")
 done
