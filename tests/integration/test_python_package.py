@@ -370,12 +370,17 @@ def test_hand_encoded_requests_are_the_bytes_protobuf_writes() -> None:
     x = sample((3, 5))
     h = np.arange(6, dtype=np.float16).reshape(2, 3)
     empty = np.zeros((0, 4), np.float32)
+    scalar = np.array(1.5, np.float32)  # rank 0: no shape field
+    wide = np.ones((1, 2, 130, 300), np.float16)  # dims past one varint byte
     shared = SharedTensor("r", 64, "float32", (3, 5))
     for keep in (False, True):
         for method, req_type in (("Gelu", pb.GeluRequest), ("Softmax", pb.SoftmaxRequest),
                                  ("RowSum", pb.RowSumRequest)):
-            for arr, code in ((x, pb.FLOAT32), (h, pb.FLOAT16), (empty, pb.FLOAT32)):
-                want = req_type(input=_old_ref(arr, code),
+            for arr, code in ((x, pb.FLOAT32), (h, pb.FLOAT16), (empty, pb.FLOAT32),
+                              (scalar, pb.FLOAT32), (wide, pb.FLOAT16),
+                              (x.astype(np.float64), pb.FLOAT32), (x[:, ::2], pb.FLOAT32)):
+                sent = arr.astype(np.float32) if arr.dtype == np.float64 else arr
+                want = req_type(input=_old_ref(sent, code),
                                 output_options=pb.OutputOptions(keep_on_server=keep))
                 assert unary_request(method, arr, None, keep).serialize() == \
                     want.SerializeToString(), (method, arr.dtype, arr.shape, keep)

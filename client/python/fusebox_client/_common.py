@@ -598,6 +598,10 @@ def output_options(keep: bool, out: Optional["SharedOutput"]) -> pb.OutputOption
                             shared=pb.SharedOutput(region=out.region, offset=out.offset))
 
 
+# OutputOptions without a shared output, serialized: {} and {keep_on_server = 1: true}.
+_KEEP_OPTIONS = {False: b"", True: b"\x08\x01"}
+
+
 def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool,
                   out: Optional["SharedOutput"] = None) -> Request:
     """{input = 1, output_options = 15}, as GeluRequest, SoftmaxRequest and RowSumRequest
@@ -606,7 +610,9 @@ def unary_request(method: str, x: Any, dtype: DTypeArg, keep: bool,
         raise ValueError(f"{method} is not a one-input op")
     r = Request(method)
     ref, _ = r.ref(x, dtype)
-    r.body.field(1, ref).field(15, message(output_options(keep, out)))
+    options = (Pieces().add(_KEEP_OPTIONS[bool(keep)]) if out is None
+               else message(output_options(keep, out)))
+    r.body.field(1, ref).field(15, options)
     return r
 
 

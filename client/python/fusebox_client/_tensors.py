@@ -143,10 +143,18 @@ def _host_array(x: Any) -> Tuple[NDArray, bool]:
     return np.asarray(x), False
 
 
+# Arrays sent as they are: C-contiguous, little-endian float32 / float16.
+_AS_IS: Dict[np.dtype[Any], str] = {np.dtype("<f4"): "float32", np.dtype("<f2"): "float16"}
+
+
 def to_wire(x: Any, dtype: DTypeArg = None) -> Wire:
     """An input (numpy array, torch tensor, DLPack object, nested lists) and an optional target
     dtype -> its wire form. Without a dtype: float32, float16 and bfloat16 map directly,
     float64 narrows to float32; uint16 must say dtype='bfloat16' (raw bit patterns)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous:  # the common case, without the checks
+        name = _AS_IS.get(x.dtype)
+        if name is not None and (dtype is None or canonical_dtype(dtype) == name):
+            return Wire(_WIRE[name], x.shape, x)
     arr, bf16_bits = _host_array(x)
     if arr.dtype.byteorder == ">":  # big-endian floats: the same values, little-endian
         arr = arr.astype(arr.dtype.newbyteorder("<"))

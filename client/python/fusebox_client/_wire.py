@@ -23,8 +23,13 @@ _LEN = 2  # wire type of length-delimited fields
 _VARINT = 0
 
 
+_ONE_BYTE = [bytes([i]) for i in range(0x80)]
+
+
 def varint(n: int) -> bytes:
     """n (>= 0) as a protobuf varint."""
+    if 0 <= n < 0x80:  # keys, dtypes, most dims and lengths of a small message
+        return _ONE_BYTE[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -66,8 +71,16 @@ class Pieces:
 def tensor_ref(dtype: int, shape: Tuple[int, ...], data: memoryview) -> Pieces:
     """TensorRef{tensor = 1: Tensor{dtype = 1, shape = 2, data = 3}} with ``data`` by
     reference (a flat uint8 memoryview)."""
-    t = Pieces().add(pb.Tensor(dtype=dtype,  # type: ignore[arg-type]
-                               shape=list(shape)).SerializeToString())
+    # Tensor's dtype (1, left out when 0) and packed shape (2, left out when empty), encoded here
+    # as protobuf does: building and serializing a message costs more than the rest of a
+    # small call's encoding together.
+    head = bytearray()
+    if dtype:
+        head += b"\x08" + varint(dtype)
+    if shape:
+        packed = b"".join([varint(d) for d in shape])
+        head += b"\x12" + varint(len(packed)) + packed
+    t = Pieces().add(bytes(head))
     n = len(data)
     if n:
         t.add(key(3, _LEN) + varint(n)).add(data)
@@ -86,6 +99,8 @@ class ParseError(ValueError):
 
 
 def _read_varint(buf: memoryview, i: int) -> Tuple[int, int]:
+    if i < len(buf) and buf[i] < 0x80:  # keys and most small values: one byte
+        return buf[i], i + 1
     v, shift = 0, 0
     n = len(buf)
     while i < n:
