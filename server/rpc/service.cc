@@ -1,7 +1,8 @@
 // KernelServiceImpl's shared parts (see service.h): who is calling, the in-flight budget for
-// transfers (and the upload streams' message budget and end), and the metrics of RPCs that
-// run no op. The RPCs live one concern a file:
-// ops.cc (the four ops), upload.cc, download.cc, tensors.cc (FreeTensor, ListTensors).
+// transfers (and the upload streams' message budget and end), the one body of the small unary
+// RPCs that run no op (AnswerUnary), and their metrics. The RPCs live one concern a file:
+// ops.cc (the four ops), execute.cc, upload.cc, ranged_upload.cc, download.cc, tensors.cc
+// (FreeTensor, ListTensors), shared_memory.cc (the shared-memory registry).
 #include <chrono>
 #include <memory>
 #include <string>
