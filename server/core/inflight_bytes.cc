@@ -51,8 +51,7 @@ absl::StatusOr<std::shared_ptr<void>> InflightBytes::Reserve(int64_t bytes,
                       (mine.sending <= tenant_sending_limit_ || mine.replies <= 1);
     // The reason is read under the same lock as the decision: read later, replies taken in
     // between could make it name a limit that no longer binds (seen under ASan: "holds 0").
-    if (!fits) return RefusalLocked(c.working, c.sending, c.replies, mine.working, mine.sending,
-                                    mine.replies, bytes, what);
+    if (!fits) return RefusalLocked(c, tenant, bytes, what);
     c.working += bytes;
     c.by_tenant[tenant].working += bytes;
   }
@@ -86,32 +85,32 @@ std::shared_ptr<void> InflightBytes::Sending(int64_t bytes, const std::string& t
   });
 }
 
-absl::Status InflightBytes::RefusalLocked(int64_t working, int64_t sending, int64_t replies,
-                                          int64_t my_working, int64_t my_sending,
-                                          int64_t my_replies, int64_t bytes,
-                                          absl::string_view what) const {
-  if (sending > sending_limit_ && replies > 1) {
+absl::Status InflightBytes::RefusalLocked(const Counter& c, const std::string& tenant,
+                                          int64_t bytes, absl::string_view what) const {
+  const auto it = c.by_tenant.find(tenant);
+  const Counter::Held mine = it == c.by_tenant.end() ? Counter::Held{} : it->second;
+  if (c.sending > sending_limit_ && c.replies > 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "replies their clients have not taken yet hold ", sending, " bytes, past the ",
+        "replies their clients have not taken yet hold ", c.sending, " bytes, past the ",
         sending_limit_,
         " the server keeps for them (--inflight_mib, at least twice --max_message_bytes); this ",
         what, " needs ", bytes, "; retry later"));
   }
-  if (my_sending > tenant_sending_limit_ && my_replies > 1) {
+  if (mine.sending > tenant_sending_limit_ && mine.replies > 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "your replies not taken yet hold ", my_sending, " bytes, past your share of ",
+        "your replies not taken yet hold ", mine.sending, " bytes, past your share of ",
         tenant_sending_limit_, " of the ", sending_limit_,
         " the server keeps for them (--tenant_inflight_share); take them, or retry once their "
         "calls have ended"));
   }
-  if (tenant_limit_ < limit_ && my_working > 0 && bytes > tenant_limit_ - my_working) {
+  if (tenant_limit_ < limit_ && mine.working > 0 && bytes > tenant_limit_ - mine.working) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "you hold ", my_working, " bytes for calls in flight, and this ", what, " needs ",
+        "you hold ", mine.working, " bytes for calls in flight, and this ", what, " needs ",
         bytes, " more (your share is ", tenant_limit_, " of the server's ", limit_,
         ", --tenant_inflight_share); retry once your calls in flight have ended"));
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the server holds ", working, " bytes for calls in flight, and this ", what, " needs ",
+      "the server holds ", c.working, " bytes for calls in flight, and this ", what, " needs ",
       bytes, " more (limit ", limit_, ", --inflight_mib); retry later"));
 }
 

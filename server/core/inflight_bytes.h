@@ -52,10 +52,10 @@ class InflightBytes {
 
  private:
   struct Counter;
-  // Why a reservation of `bytes` was refused, from the counters read with the decision.
-  absl::Status RefusalLocked(int64_t working, int64_t sending, int64_t replies,
-                             int64_t my_working, int64_t my_sending, int64_t my_replies,
-                             int64_t bytes, absl::string_view what) const;
+  // Why `tenant`'s reservation of `bytes` was refused; called with c's lock held, under which
+  // the refusal was decided.
+  absl::Status RefusalLocked(const Counter& c, const std::string& tenant, int64_t bytes,
+                             absl::string_view what) const;
   const int64_t limit_, sending_limit_, tenant_limit_;
   const int64_t tenant_sending_limit_;  // the tenant's share of sending_limit_
   const std::shared_ptr<Counter> counter_;  // outlives this while tokens do
